@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the lab Spark base image: Debian bookworm with systemd as PID 1, python3 and the docker
 # CLI, made with debootstrap and `docker import` (no registry is needed).
+# (docker import cannot set STOPSIGNAL here: containers are started with --stop-signal SIGRTMIN+3.)
 # Usage: lab/image/build.sh [TAG]   (default tag: sparkops/lab-spark:<hash of this recipe>)
 # The image is rebuilt only when the recipe (the files of this folder) changes.
 set -euo pipefail
@@ -26,7 +27,6 @@ chroot "$rootfs" apt-get clean
 rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin
 tar -C "$rootfs" --numeric-owner -c . | docker import \
     --change 'ENV container=docker' \
-    --change 'STOPSIGNAL SIGRTMIN+3' \
     --change 'CMD ["/sbin/init"]' \
     --change "LABEL org.opencontainers.image.title=sparkops-lab-spark" \
     - "$tag" >/dev/null
