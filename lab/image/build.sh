@@ -25,6 +25,9 @@ rm -f "$rootfs/etc/apt/sources.list"
 chroot "$rootfs" /bin/sh -s <"$here/configure.sh"
 chroot "$rootfs" apt-get clean
 rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin
+# No package lists in the image: mark them as never updated, so `apt update_cache` with
+# cache_valid_time fetches them on first use.
+touch -d @0 "$rootfs/var/lib/apt/lists"
 tar -C "$rootfs" --numeric-owner -c . | docker import \
     --change 'ENV container=docker' \
     --change 'CMD ["/sbin/init"]' \

@@ -1,0 +1,54 @@
+# sparkops.appliance - the two commands a newcomer runs:
+#   make lab    run the main job (playbooks/site.yml) on the built-in lab of simulated Sparks
+#   make test   run the whole test suite (unit, lint, sanity, every Molecule scenario)
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+LAB_INVENTORY ?= inventories/lab
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export ANSIBLE_FORCE_COLOR ?= 0
+export PY_COLORS ?= 0
+
+DEPS_STAMP := build/.deps-$(shell cat requirements.txt requirements-test.txt | sha256sum | cut -c1-12)
+LAB_IMAGE = $(shell lab/image/tag.sh)
+
+.PHONY: lab lab-down lab-image engine deps test unit lint sanity molecule clean
+
+## make lab: engine + lab image + lab Sparks, then the site playbook on them
+lab: deps lab-image
+	ansible-playbook -i $(LAB_INVENTORY) lab/lab.yml -e lab_image=$(LAB_IMAGE)
+	ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml
+
+## make lab-down: remove the lab Sparks, their serving containers and the lab network
+lab-down: deps
+	ansible-playbook -i $(LAB_INVENTORY) lab/lab.yml -e lab_state=absent
+
+## make test: everything CI runs
+test: deps lab-image unit lint sanity molecule
+	@echo "make test: all suites passed"
+
+unit: deps
+	$(PYTHON) -m pytest -q tests/unit
+
+lint: deps
+	ansible-lint --offline
+
+sanity: deps
+	tests/sanity/run.sh
+
+molecule: deps lab-image
+	SPARKOPS_LAB_IMAGE=$(LAB_IMAGE) molecule test --all
+
+engine:
+	lab/engine.sh
+
+lab-image: engine
+	lab/image/build.sh $(LAB_IMAGE)
+
+deps: $(DEPS_STAMP)
+$(DEPS_STAMP): requirements.txt requirements-test.txt
+	$(PYTHON) -m pip install -q -r requirements-test.txt
+	@mkdir -p build && rm -f build/.deps-* && touch $@
+
+clean:
+	rm -rf build tests/output .pytest_cache

@@ -1,0 +1,206 @@
+#!/usr/bin/python
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: spark_facts
+short_description: Facts about a DGX Spark that the memory plan and preflight need
+version_added: 0.1.0
+description:
+  - Reads C(/proc/meminfo) (on a DGX Spark C(nvidia-smi) reports memory as N/A, so unified
+    memory must be read from the kernel), the machine architecture, free disk under the model
+    directory, whether C(nvidia-smi) lists a GPU, and whether a Docker engine answers.
+  - Changes nothing on the host.
+author:
+  - sparkops contributors (@sparkops)
+options:
+  meminfo_path:
+    description: File to read meminfo from. Tests and the lab may point it at a prepared file.
+    type: path
+    default: /proc/meminfo
+  disk_path:
+    description:
+      - Directory whose filesystem's free space is reported (the model directory). When it does
+        not exist yet, its nearest existing parent is measured.
+    type: path
+    default: /
+  check_gpu:
+    description: Run C(nvidia-smi -L) and report the GPUs it lists.
+    type: bool
+    default: true
+  nvidia_smi:
+    description: The nvidia-smi program.
+    type: str
+    default: nvidia-smi
+  check_docker:
+    description: Ask the Docker engine for its version with the docker CLI.
+    type: bool
+    default: true
+  docker_bin:
+    description: The docker CLI program.
+    type: str
+    default: docker
+attributes:
+  check_mode:
+    description: Runs the same in check mode; it never changes anything.
+    support: full
+  diff_mode:
+    description: Nothing changes, so there is nothing to diff.
+    support: none
+  facts:
+    description: Sets the C(spark_*) facts.
+    support: full
+  idempotent:
+    description: Reading twice gives the same result for the same host state.
+    support: full
+notes:
+  - All sizes in GiB are binary (2^30 bytes), as the memory plan uses them.
+"""
+
+EXAMPLES = r"""
+- name: Gather Spark facts
+  sparkops.appliance.spark_facts:
+    disk_path: /srv/sparkops/models
+    check_gpu: "{{ spark_expect_gpu }}"
+
+- name: Show MemTotal
+  ansible.builtin.debug:
+    msg: "MemTotal is {{ ansible_facts.spark_mem_total_gib }} GiB"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts set on the host.
+  returned: always
+  type: dict
+  contains:
+    spark_mem_total_gib:
+      description: MemTotal in GiB (unrounded).
+      type: float
+      sample: 121.69
+    spark_mem_available_gib:
+      description: MemAvailable in GiB.
+      type: float
+    spark_swap_total_gib:
+      description: SwapTotal in GiB.
+      type: float
+    spark_arch:
+      description: Machine architecture (C(aarch64) on a Spark).
+      type: str
+      sample: aarch64
+    spark_disk:
+      description: Free and total space of the filesystem holding I(disk_path).
+      type: dict
+      sample: {path: /srv/sparkops/models, measured_path: /srv, free_gib: 812.4, total_gib: 915.8}
+    spark_gpu:
+      description: What nvidia-smi reported (C(checked) false when I(check_gpu=false)).
+      type: dict
+      sample: {checked: true, present: true, names: ["GPU 0: NVIDIA GB10 (UUID: GPU-...)"], error: ""}
+    spark_docker:
+      description: Whether a Docker engine answered, and its version.
+      type: dict
+      sample: {checked: true, reachable: true, server_version: "28.3.0", error: ""}
+"""
+
+import os
+import platform
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.appliance.plugins.module_utils._meminfo import (
+    GIB,
+    meminfo_gib,
+    parse_meminfo,
+)
+
+
+def _disk(path):
+    measured = path
+    while not os.path.isdir(measured):
+        parent = os.path.dirname(measured)
+        if parent == measured:
+            break
+        measured = parent
+    st = os.statvfs(measured)
+    return {
+        "path": path,
+        "measured_path": measured,
+        "free_gib": st.f_bavail * st.f_frsize / GIB,
+        "total_gib": st.f_blocks * st.f_frsize / GIB,
+    }
+
+
+def _gpu(module, check, program):
+    result = {"checked": check, "present": False, "names": [], "error": ""}
+    if not check:
+        return result
+    binary = module.get_bin_path(program)
+    if binary is None:
+        result["error"] = "%s not found on PATH" % program
+        return result
+    rc, out, err = module.run_command([binary, "-L"])
+    if rc != 0:
+        result["error"] = (err or out).strip() or "%s -L exited %d" % (program, rc)
+        return result
+    result["names"] = [line.strip() for line in out.splitlines() if line.strip().startswith("GPU ")]
+    result["present"] = bool(result["names"])
+    if not result["present"]:
+        result["error"] = "%s -L listed no GPU" % program
+    return result
+
+
+def _docker(module, check, program):
+    result = {"checked": check, "reachable": False, "server_version": "", "error": ""}
+    if not check:
+        return result
+    binary = module.get_bin_path(program)
+    if binary is None:
+        result["error"] = "%s not found on PATH" % program
+        return result
+    rc, out, err = module.run_command([binary, "version", "--format", "{{.Server.Version}}"])
+    if rc != 0:
+        result["error"] = (err or out).strip() or "docker version exited %d" % rc
+        return result
+    result["reachable"] = True
+    result["server_version"] = out.strip()
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            meminfo_path=dict(type="path", default="/proc/meminfo"),
+            disk_path=dict(type="path", default="/"),
+            check_gpu=dict(type="bool", default=True),
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+            check_docker=dict(type="bool", default=True),
+            docker_bin=dict(type="str", default="docker"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        with open(p["meminfo_path"]) as handle:
+            fields = parse_meminfo(handle.read())
+        mem_total = meminfo_gib(fields, "MemTotal")
+        mem_available = meminfo_gib(fields, "MemAvailable")
+    except (IOError, OSError, ValueError, KeyError) as exc:
+        module.fail_json(msg="cannot read memory from %s: %s" % (p["meminfo_path"], exc))
+    facts = {
+        "spark_mem_total_gib": mem_total,
+        "spark_mem_available_gib": mem_available,
+        "spark_swap_total_gib": fields.get("SwapTotal", 0) / GIB,
+        "spark_arch": platform.machine(),
+        "spark_disk": _disk(p["disk_path"]),
+        "spark_gpu": _gpu(module, p["check_gpu"], p["nvidia_smi"]),
+        "spark_docker": _docker(module, p["check_docker"], p["docker_bin"]),
+    }
+    module.exit_json(changed=False, ansible_facts=facts)
+
+
+if __name__ == "__main__":
+    main()
