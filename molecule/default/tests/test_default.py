@@ -1,0 +1,70 @@
+"""What a user sees on a lab Spark after site.yml: the host tuned, and bad input refused."""
+import json
+import os
+import re
+import subprocess
+
+import pytest
+import testinfra.utils.ansible_runner
+
+INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
+PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.getcwd())
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("all")
+
+
+def test_sysctl_file_has_the_settings(host):
+    conf = host.file("/etc/sysctl.d/90-sparkops.conf")
+    assert conf.exists and conf.user == "root" and conf.mode == 0o644
+    settings = dict(
+        (key.strip(), value.strip())
+        for key, _, value in (
+            line.partition("=") for line in conf.content_string.splitlines()
+            if line.strip() and not line.startswith("#")
+        )
+    )
+    assert settings == {"vm.min_free_kbytes": "65536", "vm.vfs_cache_pressure": "200"}
+
+
+def test_no_active_swap_line_in_fstab(host):
+    fstab = host.file("/etc/fstab").content_string
+    active = [line for line in fstab.splitlines()
+              if line.strip() and not line.lstrip().startswith("#") and line.split()[2:3] == ["swap"]]
+    assert active == []
+    # The image ships a swap line: it is still there, commented out with the reason.
+    assert re.search(r"^# disabled by sparkops\.appliance .*/swap\.img\s+none\s+swap", fstab, re.M)
+
+
+def test_no_swap_in_use(host):
+    swaps = host.file("/proc/swaps").content_string.splitlines()[1:]
+    assert swaps == []
+
+
+def test_jemalloc_present(host):
+    assert host.package("libjemalloc2").is_installed
+    libs = host.run("ldconfig -p").stdout
+    assert re.search(r"libjemalloc\.so\.2 .*=> /", libs)
+
+
+def _site(*extra):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    cmd = ["ansible-playbook", "-i", INVENTORY, os.path.join(PROJECT, "playbooks", "site.yml")] + list(extra)
+    return subprocess.run(cmd, env=env, cwd=PROJECT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("extra, variable", [
+    (["-e", "host_tuning_min_free_kbytes=1024"], "host_tuning_min_free_kbytes"),
+    (["-e", json.dumps({"spark_expect_gpu": "false"})], "spark_expect_gpu"),
+    (["-e", json.dumps({"host_tuning_swap_off": "yes"})], "host_tuning_swap_off"),
+    (["-e", json.dumps({"preflight_min_free_disk_gib": 10 ** 9})], "preflight_min_free_disk_gib"),
+])
+def test_bad_input_fails_before_any_change(host, extra, variable):
+    before = host.file("/etc/sysctl.d/90-sparkops.conf").content_string
+    result = _site(*extra)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert variable in out
+    # It stopped in the preflight play: no play that changes the host started.
+    assert "PLAY [Host tuning" not in out, out
+    assert re.search(r"^\S+: FAILED$", out, re.M), out
+    assert "  changed: " not in out.split("WHAT WAS DONE, PER HOST")[-1]
+    assert host.file("/etc/sysctl.d/90-sparkops.conf").content_string == before
