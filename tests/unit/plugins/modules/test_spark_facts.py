@@ -1,0 +1,91 @@
+"""spark_facts run as Ansible runs it (ansible localhost -m ...), on files the tests write."""
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+
+MEMINFO = """MemTotal:       127601232 kB
+MemFree:         3012404 kB
+MemAvailable:   98765432 kB
+SwapTotal:       8388604 kB
+"""
+
+
+def run_module(args, check=False, path_prefix=None):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    if path_prefix:
+        env["PATH"] = path_prefix + os.pathsep + env["PATH"]
+    cmd = ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
+           "-m", "sparkops.appliance.spark_facts",
+           "-a", json.dumps(args)]
+    if check:
+        cmd.append("--check")
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # The JSON document, then the summary callback's lines.
+    out, _ = json.JSONDecoder().raw_decode(proc.stdout)
+    return out["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+def fake_program(directory, name, script):
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def meminfo(tmp_path):
+    path = tmp_path / "meminfo"
+    path.write_text(MEMINFO)
+    return path
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_reads_memory_disk_gpu_and_docker(tmp_path, meminfo, check):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_program(bin_dir, "nvidia-smi", 'echo "GPU 0: NVIDIA GB10 (UUID: GPU-1234)"\n')
+    fake_program(bin_dir, "docker", 'echo 28.3.0\n')
+    result = run_module({"meminfo_path": str(meminfo), "disk_path": str(tmp_path / "not" / "yet")},
+                        check=check, path_prefix=str(bin_dir))
+    assert result["changed"] is False
+    facts = result["ansible_facts"]
+    assert round(facts["spark_mem_total_gib"], 2) == 121.69
+    assert facts["spark_swap_total_gib"] == pytest.approx(8.0, abs=1e-5)
+    assert facts["spark_disk"]["measured_path"] == str(tmp_path)
+    assert facts["spark_disk"]["free_gib"] > 0
+    assert facts["spark_gpu"] == {"checked": True, "present": True, "error": "",
+                                  "names": ["GPU 0: NVIDIA GB10 (UUID: GPU-1234)"]}
+    assert facts["spark_docker"] == {"checked": True, "reachable": True, "server_version": "28.3.0", "error": ""}
+
+
+def test_reports_a_missing_gpu_and_an_unreachable_engine(tmp_path, meminfo):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_program(bin_dir, "nvidia-smi", 'echo "NVIDIA-SMI has failed because it could not communicate" >&2\nexit 9\n')
+    fake_program(bin_dir, "docker", 'echo "Cannot connect to the Docker daemon" >&2\nexit 1\n')
+    facts = run_module({"meminfo_path": str(meminfo)}, path_prefix=str(bin_dir))["ansible_facts"]
+    assert facts["spark_gpu"]["present"] is False
+    assert "could not communicate" in facts["spark_gpu"]["error"]
+    assert facts["spark_docker"]["reachable"] is False
+    assert "Cannot connect" in facts["spark_docker"]["error"]
+
+
+def test_skipped_checks_are_marked_unchecked(meminfo):
+    facts = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False})["ansible_facts"]
+    assert facts["spark_gpu"]["checked"] is False
+    assert facts["spark_docker"]["checked"] is False
+
+
+def test_unreadable_meminfo_fails_naming_the_file(tmp_path):
+    bad = tmp_path / "meminfo"
+    bad.write_text("MemFree: 1 kB\n")
+    result = run_module({"meminfo_path": str(bad), "check_gpu": False, "check_docker": False})
+    assert result.get("failed") is True
+    assert str(bad) in result["msg"] and "MemTotal" in result["msg"]
