@@ -30,8 +30,9 @@ def meminfo(avail_gib, free_gib):
 
 def write_meminfo(host, avail_gib, free_gib):
     text = meminfo(avail_gib, free_gib)
-    cmd = "printf '%%s' %s > %s/meminfo.tmp && mv %s/meminfo.tmp %s/meminfo" % (
-        json.dumps(text).replace("\\n", "\n").replace('"', "'"), TEST_DIR, TEST_DIR, TEST_DIR)
+    # only letters, digits, spaces, colons and newlines: safe inside a printf format
+    cmd = "printf '%s' > %s/meminfo.tmp && mv %s/meminfo.tmp %s/meminfo" % (
+        text.replace("\n", "\\n"), TEST_DIR, TEST_DIR, TEST_DIR)
     host.run_test(cmd)
     assert host.file(TEST_DIR + "/meminfo").content_string == text
 
@@ -72,6 +73,7 @@ def events(host, name):
 @pytest.fixture(scope="module", autouse=True)
 def cleanup(host):
     yield
+    host.run("systemctl stop sparkops-serve.service")
     host.run("docker ps -aq --filter label=sparkops-memwatch-test=1 | xargs -r docker rm -f")
 
 
@@ -162,3 +164,39 @@ def test_nv_err_lines_are_counted_once_across_restarts(host):
     time.sleep(3)
     assert metrics(host)["memwatch_nv_err_no_memory_total"] == 3
     assert metrics(host)['memwatch_kernel_log_readable{source="file"}'] == 1
+
+
+SERVE_UNIT = """[Unit]
+Description=stand-in serving unit for the memwatch test
+[Service]
+ExecStartPre=-/usr/bin/docker rm -f {name}
+ExecStart=/usr/bin/docker run --name {name} --label sparkops-memwatch-test=1 {image} python3 -u -c "{script}"
+ExecStop=/usr/bin/docker stop -t 3 {name}
+Restart=on-failure
+RestartSec=1
+"""
+# exits 143 on SIGTERM, as a process dying of SIGTERM does: a failure for Restart=on-failure
+DIES_OF_TERM = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: "
+                "(print('stand-in: SIGTERM', flush=True), sys.exit(143))); "
+                "print('stand-in vLLM under a unit: serving', flush=True); time.sleep(1800)")
+
+
+def test_stop_via_the_serve_unit_leaves_it_stopped_no_restart(host, image):
+    """Default memwatch_stop_via_unit: systemctl stop of the serve unit: Restart=on-failure does
+    not bring the server back (no ping-pong), although the container exits 143."""
+    host.run_test("docker rm -f %s" % NAME)
+    write_meminfo(host, 60, 30)
+    wait_for("re-arming after recovery", lambda: metrics(host)["memwatch_armed"] == 1)
+    unit = SERVE_UNIT.format(name=NAME, image=image, script=DIES_OF_TERM)
+    host.run_test("cat > /etc/systemd/system/sparkops-serve.service <<'EOF'\n%sEOF" % unit)
+    host.run_test("systemctl daemon-reload && systemctl start sparkops-serve.service")
+    wait_for("the unit's container", lambda: container_state(host) == (True, 0))
+    write_meminfo(host, 5, 3)
+    action = wait_for("the third action", lambda: len(events(host, "action")) == 3 and events(host, "action"))[-1]
+    assert action["result"] == "stopped"
+    assert [(s["step"], s["rc"]) for s in action["steps"]] == [("systemctl stop sparkops-serve.service", 0)]
+    time.sleep(4)  # > RestartSec: a restart would have happened by now
+    props = host.service("sparkops-serve.service").systemd_properties
+    assert props["ActiveState"] in ("inactive", "failed")
+    assert props["NRestarts"] == "0"
+    assert container_state(host) == (False, 143)

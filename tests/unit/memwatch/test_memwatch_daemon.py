@@ -346,3 +346,16 @@ def test_check_config_prints_the_full_configuration(run_memwatch, tmp_path):
 def test_an_explicit_missing_config_is_an_error(run_memwatch, tmp_path):
     proc = run_memwatch("replay", "--config", str(tmp_path / "nope.json"), "/dev/null")
     assert proc.returncode == 2 and "cannot read" in proc.stderr
+
+
+@pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK), reason="/dev/kmsg is not readable here")
+def test_kmsg_source_counts_by_sequence_number_across_restarts(mw):
+    cfg = mw.validate_config({"kernel_log_source": "kmsg", "kernel_log_pattern": "e"})
+    state = {}
+    first = mw.KernelLog(cfg, state).poll()
+    assert first > 0 and state["seq"] >= 0 and state["boot_id"]
+    saved = json.loads(json.dumps(state))       # as persisted in the state file
+    again = mw.KernelLog(cfg, saved).poll()     # a restarted memwatch: only records after seq
+    assert again < first
+    saved["boot_id"] = "another-boot"           # after a reboot the sequence starts over
+    assert mw.KernelLog(cfg, saved).poll() >= first
