@@ -1,0 +1,223 @@
+"""Helpers for memwatch's tests: the program imported by path, fake meminfo, a fake docker CLI.
+
+memwatch is a stand-alone executable (roles/memwatch/files/memwatch), not a package: it is loaded
+with importlib from its path. The only thing faked is what cannot exist here: a serving
+container behind the docker CLI (and systemctl/journalctl where a test needs to steer them).
+"""
+import importlib.machinery
+import importlib.util
+import json
+import os
+import stat
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+PROGRAM = os.path.join(ROOT, "roles", "memwatch", "files", "memwatch")
+GIB = 1024 * 1024  # kB per GiB
+
+
+def load_memwatch():
+    loader = importlib.machinery.SourceFileLoader("memwatch_under_test", PROGRAM)
+    spec = importlib.util.spec_from_loader("memwatch_under_test", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def mw():
+    return load_memwatch()
+
+
+def meminfo(avail_gib, free_gib, total_gib=121.69, **extra_kib):
+    """A /proc/meminfo snapshot with MemAvailable / MemFree in GiB (printed in kB like the kernel)."""
+    fields = [
+        ("MemTotal", int(total_gib * GIB)),
+        ("MemFree", int(free_gib * GIB)),
+        ("MemAvailable", int(avail_gib * GIB)),
+        ("Buffers", 1024),
+        ("Cached", extra_kib.get("Cached", int(max(avail_gib - free_gib, 0) * GIB))),
+        ("SwapCached", 0),
+        ("AnonPages", extra_kib.get("AnonPages", 3 * GIB)),
+        ("Shmem", extra_kib.get("Shmem", 2048)),
+        ("Slab", extra_kib.get("Slab", 900000)),
+        ("PageTables", extra_kib.get("PageTables", 65000)),
+        ("HugePages_Total", 0),
+    ]
+    return "".join("%-16s%10d kB\n" % (k + ":", v) if not k.startswith("HugePages") else
+                   "%-16s%10d\n" % (k + ":", v) for k, v in fields)
+
+
+def trace(samples):
+    """A trace file body: snapshots separated by lines containing only '---'."""
+    return "---\n".join(meminfo(a, f) for a, f in samples)
+
+
+FAKE_DOCKER = r'''#!/usr/bin/env python3
+# A fake docker CLI for memwatch's tests: one container whose state is a JSON file.
+import json, os, sys, time
+path = os.environ["FAKE_DOCKER_STATE"]
+with open(path) as h:
+    st = json.load(h)
+argv = sys.argv[1:]
+st.setdefault("calls", []).append(argv)
+def save():
+    with open(path, "w") as h:
+        json.dump(st, h)
+save()
+name = argv[-1]
+exists = st.get("exists", True) and name == st.get("name")
+if argv[0] == "inspect":
+    if not exists:
+        sys.stderr.write("Error: No such object: %s\n" % name); sys.exit(1)
+    if "-f" in argv:
+        print("%s %d" % ("true" if st["running"] else "false", st.get("exit_code", 0)))
+    else:
+        print(json.dumps([{"Name": "/" + name, "State": {"Running": st["running"]}}]))
+elif argv[0] == "logs":
+    if not exists:
+        sys.stderr.write("Error: No such container: %s\n" % name); sys.exit(1)
+    print("2025-01-01T00:00:00Z INFO serving the model")
+    sys.stderr.write("2025-01-01T00:00:01Z WARNING stderr line\n")
+elif argv[0] == "stop":
+    mode = st.get("mode", "graceful")
+    if mode == "hang":
+        time.sleep(60)
+    if mode == "fail":
+        sys.stderr.write("Error response from daemon: cannot stop\n"); sys.exit(1)
+    st["running"] = False
+    st["exit_code"] = 137 if mode == "ignore_term" else 0
+    save(); print(name)
+elif argv[0] == "kill":
+    st["running"] = False; st["exit_code"] = 137; save(); print(name)
+else:
+    sys.exit(64)
+'''
+
+FAKE_SYSTEMCTL = r'''#!/usr/bin/env python3
+# A fake systemctl: `stop <unit>` stops the fake container (as the serve unit's ExecStop would).
+import json, os, sys
+path = os.environ["FAKE_DOCKER_STATE"]
+with open(path) as h:
+    st = json.load(h)
+st.setdefault("systemctl_calls", []).append(sys.argv[1:])
+if sys.argv[1:2] == ["stop"] and st.get("unit_loaded", True):
+    st["running"] = False; st["exit_code"] = 0
+    with open(path, "w") as h:
+        json.dump(st, h)
+    sys.exit(0)
+with open(path, "w") as h:
+    json.dump(st, h)
+sys.stderr.write("Failed to stop %s: Unit not loaded.\n" % sys.argv[-1]); sys.exit(5)
+'''
+
+
+def _script(path, body):
+    with open(path, "w") as handle:
+        handle.write(body)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+class Lab:
+    """A temp tree for one watchdog: meminfo file, config, fake docker/systemctl, state."""
+
+    def __init__(self, tmp_path, monkeypatch):
+        self.tmp = tmp_path
+        self.docker_state = tmp_path / "fake-docker.json"
+        monkeypatch.setenv("FAKE_DOCKER_STATE", str(self.docker_state))
+        self.set_container(running=True)
+        self.meminfo_path = tmp_path / "meminfo"
+        self.write_meminfo(60, 30)
+        self.shm = tmp_path / "shm"
+        self.shm.mkdir()
+        self.config = {
+            "interval_s": 0.01,
+            "meminfo_path": str(self.meminfo_path),
+            "container_name": "vllm-test",
+            "stop_via_unit": False,
+            "stop_grace_s": 0,
+            "kill_timeout_s": 2,
+            "docker": _script(tmp_path / "docker", FAKE_DOCKER),
+            "systemctl": _script(tmp_path / "systemctl", FAKE_SYSTEMCTL),
+            "archive_dir": str(tmp_path / "incidents"),
+            "log_file": str(tmp_path / "log" / "memwatch.log"),
+            "metrics_file": str(tmp_path / "memwatch.prom"),
+            "state_file": str(tmp_path / "state.json"),
+            "kernel_log_source": "none",
+            "shm_dir": str(self.shm),
+        }
+        os.makedirs(str(tmp_path / "log"))
+
+    def set_container(self, **fields):
+        st = {"name": "vllm-test", "running": True, "exit_code": 0, "mode": "graceful"}
+        if self.docker_state.exists():
+            st = json.loads(self.docker_state.read_text())
+        st.update(fields)
+        self.docker_state.write_text(json.dumps(st))
+
+    def container(self):
+        return json.loads(self.docker_state.read_text())
+
+    def write_meminfo(self, avail_gib, free_gib):
+        tmp = self.tmp / "meminfo.tmp"
+        tmp.write_text(meminfo(avail_gib, free_gib))
+        os.rename(str(tmp), str(self.meminfo_path))
+
+    def write_config(self, **overrides):
+        cfg = dict(self.config, **overrides)
+        path = self.tmp / "memwatch.json"
+        path.write_text(json.dumps(cfg))
+        return str(path)
+
+    def watchdog(self, mw, **overrides):
+        cfg = mw.validate_config(dict(self.config, **overrides))
+        return mw.Watchdog(cfg, mw.Log(cfg["log_file"], cfg["log_max_bytes"], stream=open(os.devnull, "w")))
+
+    def log_events(self):
+        path = self.tmp / "log" / "memwatch.log"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def metrics(self):
+        return parse_metrics((self.tmp / "memwatch.prom").read_text())
+
+
+def parse_metrics(text):
+    """Strict-enough parser of the Prometheus text format: {(name, frozenset(labels)): value}."""
+    import re
+    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*")*)\})? (\S+)$')
+    out = {}
+    typed = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _h, _t, name, kind = line.split(" ", 3)
+            assert kind in ("gauge", "counter"), line
+            typed.add(name)
+            continue
+        if line.startswith("# HELP ") or not line:
+            continue
+        m = sample.match(line)
+        assert m, "not a valid exposition line: %r" % line
+        assert m.group(1) in typed, "sample before its TYPE: %r" % line
+        labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"', m.group(3) or ""))
+        out[(m.group(1), labels)] = float(m.group(5))
+    return out
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    return Lab(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def run_memwatch():
+    import subprocess
+
+    def run(*args, **kwargs):
+        return subprocess.run([sys.executable, PROGRAM] + list(args), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, universal_newlines=True, timeout=120, **kwargs)
+    return run
