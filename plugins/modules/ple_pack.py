@@ -431,6 +431,14 @@ def stale_temp_files(dest):
     return stale
 
 
+def _remove(paths):
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 def _check_space(directory, needed):
     st = os.statvfs(directory)
     free = st.f_bavail * st.f_frsize
@@ -582,17 +590,14 @@ def pack(checkpoint_dir, dest, name_patterns=None, alignment=4096, verify=False,
     else:
         final = planned
         if not check_mode:
-            for path in stale:
-                os.unlink(path)
-            stale = []
+            _remove(stale)
             final, result["copy_method"], result["verified"] = write_pack(
                 dest, tables, planned, headers, verify=verify, mode=mode,
                 check_space=check_space, move=move)
         tables_out = [dict(e, sha256=None) if check_mode else e for e in final["tables"]]
         result.update(changed=True, tables=tables_out,
                       diff={"before": before_text, "after": describe(planned)})
-    for path in stale:
-        os.unlink(path)
+    _remove(stale)
     result["removed_temp_files"] = stale
     return result
 
