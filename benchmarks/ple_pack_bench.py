@@ -243,7 +243,7 @@ def main():
         print("")
         print("cp    median %.3f GiB/s" % (cp_rate / GIB))
         print("pack  median %.3f GiB/s (copy + sha256 of every table, fsync, rename)" % (pack_rate / GIB))
-        print("sha256 one thread %.3f GiB/s (page cache)" % (hs / GIB))
+        print("sha256 one thread %.3f GiB/s (reading the shards)" % (hs / GIB))
         print("ratio pack/cp = %.2f  target >= 0.80: %s" % (ratio, "PASS" if ratio >= 0.8 else "FAIL"))
         print("peak RSS of the pack = %.1f MiB  target < 256 MiB: %s" % (peak, "PASS" if peak < 256 else "FAIL"))
     finally:

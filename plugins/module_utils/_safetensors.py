@@ -223,8 +223,11 @@ def read_shards(paths):
     return headers, by_name
 
 
-def hash_range(path, begin, end, buffer_bytes=HASH_BUFFER_BYTES):
-    """sha256 hex digest of bytes [begin, end) of path, read through one reused buffer."""
+def hash_range(path, begin, end, buffer_bytes=HASH_BUFFER_BYTES, stop=None):
+    """sha256 hex digest of bytes [begin, end) of path, read through one reused buffer.
+
+    stop: an optional threading.Event; when set, the hash is abandoned (returns None).
+    """
     digest = hashlib.sha256()
     buf = bytearray(min(buffer_bytes, max(end - begin, 1)))
     view = memoryview(buf)
@@ -236,6 +239,8 @@ def hash_range(path, begin, end, buffer_bytes=HASH_BUFFER_BYTES):
             pass
         pos = begin
         while pos < end:
+            if stop is not None and stop.is_set():
+                return None
             want = min(len(buf), end - pos)
             got = os.preadv(fd, [view[:want]], pos)
             if got <= 0:

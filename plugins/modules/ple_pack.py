@@ -180,6 +180,7 @@ import os
 import re
 import struct
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
@@ -349,11 +350,12 @@ def read_pack_index(path):
     return index, None
 
 
-def describe(index):
-    """Text of an index for the diff: everything but the sha256 values."""
+def describe(index, mode=None):
+    """Text of an index (and file mode) for the diff: everything but the sha256 values."""
     if index is None:
         return ""
-    lines = [
+    lines = ["mode: %04o" % mode] if mode is not None else []
+    lines += [
         "format: %s v%s" % (index.get("format"), index.get("format_version")),
         "alignment: %s" % index.get("alignment"),
         "fingerprint: %s" % index.get("fingerprint"),
@@ -462,6 +464,7 @@ def write_pack(dest, tables, index, headers, verify=False, mode=0o644, check_spa
     copier = RangeCopier()
     src_fds = {}
     pool = None
+    stop = threading.Event()
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
@@ -474,7 +477,7 @@ def write_pack(dest, tables, index, headers, verify=False, mode=0o644, check_spa
         pool = ThreadPoolExecutor(max_workers=workers)
         hashes = []
         for t, entry in zip(tables, index["tables"]):
-            hashes.append(pool.submit(hash_range, t.shard, t.begin, t.end))
+            hashes.append(pool.submit(hash_range, t.shard, t.begin, t.end, stop=stop))
             src = src_fds.get(t.shard)
             if src is None:
                 src = src_fds[t.shard] = os.open(t.shard, os.O_RDONLY)
@@ -514,6 +517,7 @@ def write_pack(dest, tables, index, headers, verify=False, mode=0o644, check_spa
         return final, copier.method, verified
     except BaseException as exc:
         if pool is not None:
+            stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
         if fd is not None:
             os.close(fd)
@@ -579,14 +583,18 @@ def pack(checkpoint_dir, dest, name_patterns=None, alignment=4096, verify=False,
         result["verified"] = not verify_failed
     result["verify_failed"] = verify_failed
 
-    before_text = describe(before) if invalid is None else "# %s: %s\n" % (dest, invalid)
+    current_mode = os.stat(dest).st_mode & 0o7777 if before is not None else None
+    before_text = describe(before, current_mode) if invalid is None else "# %s: %s\n" % (dest, invalid)
     if verify_failed:
         before_text += "# sha256 mismatch in: %s\n" % ", ".join(verify_failed)
     stale = [] if check_mode else stale_temp_files(dest)
 
     if up_to_date:
-        result.update(changed=bool(stale), tables=before["tables"],
-                      diff={"before": before_text, "after": before_text})
+        mode_changed = current_mode != mode
+        if mode_changed and not check_mode:
+            os.chmod(dest, mode)
+        result.update(changed=bool(stale) or mode_changed, tables=before["tables"],
+                      diff={"before": before_text, "after": describe(before, mode)})
     else:
         final = planned
         if not check_mode:
@@ -596,7 +604,7 @@ def pack(checkpoint_dir, dest, name_patterns=None, alignment=4096, verify=False,
                 check_space=check_space, move=move)
         tables_out = [dict(e, sha256=None) if check_mode else e for e in final["tables"]]
         result.update(changed=True, tables=tables_out,
-                      diff={"before": before_text, "after": describe(planned)})
+                      diff={"before": before_text, "after": describe(planned, mode)})
     _remove(stale)
     result["removed_temp_files"] = stale
     return result

@@ -154,3 +154,13 @@ def test_metadata_must_be_an_object(tmp_path):
     write_raw_shard(path, json.dumps({"__metadata__": [1]}).encode(), b"")
     with pytest.raises(st.SafetensorsError, match="__metadata__"):
         st.read_header(str(path))
+
+
+def test_hash_range_gives_up_when_asked(tmp_path):
+    import threading
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(1 << 20))
+    stop = threading.Event()
+    assert st.hash_range(str(path), 0, 1 << 20, stop=stop) == hashlib.sha256(path.read_bytes()).hexdigest()
+    stop.set()
+    assert st.hash_range(str(path), 0, 1 << 20, stop=stop) is None

@@ -407,3 +407,39 @@ def test_module_through_ansible_playbook(tmp_path, ckpt):
     assert res["again"]["diff"]["before"] == res["again"]["diff"]["after"]
     assert res["real"]["ple_gib"] == res["check"]["ple_gib"] > 0
     parse_pack(str(dest))
+
+
+def test_a_new_mode_is_applied_without_repacking(tmp_path, ckpt):
+    src, _raw = ckpt
+    dest = tmp_path / "m.ple"
+    ple_pack.pack(str(src), str(dest), mode=0o644)
+    inode = os.stat(str(dest)).st_ino
+    check = ple_pack.pack(str(src), str(dest), mode=0o600, check_mode=True)
+    assert check["changed"] is True and "mode: 0644" in check["diff"]["before"]
+    assert "mode: 0600" in check["diff"]["after"]
+    assert os.stat(str(dest)).st_mode & 0o777 == 0o644
+    real = ple_pack.pack(str(src), str(dest), mode=0o600)
+    assert real["changed"] is True and real["copy_method"] is None
+    assert os.stat(str(dest)).st_mode & 0o777 == 0o600 and os.stat(str(dest)).st_ino == inode
+    again = ple_pack.pack(str(src), str(dest), mode=0o600)
+    assert again["changed"] is False and again["diff"]["before"] == again["diff"]["after"]
+
+
+def test_a_failed_copy_stops_the_hash_threads(tmp_path, ckpt, monkeypatch):
+    from ansible_collections.sparkops.appliance.plugins.module_utils import _safetensors as st
+    src, _raw = ckpt
+    seen = []
+    real_hash = ple_pack.hash_range
+
+    def slow_hash(*args, **kwargs):
+        seen.append(kwargs.get("stop"))
+        return real_hash(*args, **kwargs)
+
+    def broken_copy(self, *args):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(ple_pack, "hash_range", slow_hash)
+    monkeypatch.setattr(st.RangeCopier, "copy", broken_copy)
+    with pytest.raises(ple_pack.PackError, match="Input/output error"):
+        ple_pack.pack(str(src), str(tmp_path / "m.ple"))
+    assert seen and all(e is not None and e.is_set() for e in seen)
+    assert leftovers(tmp_path) == [] and not (tmp_path / "m.ple").exists()
