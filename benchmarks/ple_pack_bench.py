@@ -86,7 +86,7 @@ def generate(directory, size_bytes, shards, ple_fraction, ple_tables):
     other_total = size_bytes - ple_total
     per_shard_other = other_total // shards // row * row
     ple_rows = ple_total // ple_tables // row
-    layout = [[] for _ in range(shards)]
+    layout = [[] for dummy in range(shards)]
     for t in range(ple_tables):  # spread the PLE tables over the shards
         name = "model.group%d.embed_tokens_per_layer.weight" % t if t else \
             "model.language_model.embed_tokens_per_layer.weight"
@@ -160,7 +160,7 @@ def run_pack_rss(src_dir, dest, alignment):
             break
         chunks.append(data)
     os.close(rfd)
-    _pid, status, usage = os.wait4(pid, 0)
+    status, usage = os.wait4(pid, 0)[1:]
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit("pack failed with status %d" % os.waitstatus_to_exitcode(status))
     res = json.loads(b"".join(chunks).decode().strip().splitlines()[-1])
@@ -188,7 +188,7 @@ def hash_speed(src_dir, limit_bytes):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--size-gib", type=float, default=4.0, help="checkpoint size (default 4)")
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--ple-fraction", type=float, default=0.75, help="share of PLE bytes (0.75)")

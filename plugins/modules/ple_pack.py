@@ -1,5 +1,6 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
 
@@ -12,7 +13,7 @@ short_description: Pack the per-layer embedding (PLE) tables of a checkpoint int
 description:
   - Reads the safetensors shards of a checkpoint directory (header only; tensor bytes are
     copied by the kernel or through small buffers, never a whole tensor in memory), selects
-    the per-layer embedding tables by name pattern and writes them into ONE packed file:
+    the per-layer embedding tables by name pattern and writes them into ONE packed file -
     magic, format version, a JSON index (name, dtype, shape, offset, nbytes, sha256 per table)
     and each table's raw little-endian bytes at an offset aligned to O(alignment).
   - The format is documented in C(docs/ple-format.md) of the collection.
@@ -31,7 +32,7 @@ description:
     enough free disk.
 version_added: "1.0.0"
 author:
-  - sparkops.appliance contributors
+  - sparkops.appliance contributors (@sparkops)
 options:
   checkpoint_dir:
     description:
@@ -72,11 +73,14 @@ options:
     default: '0644'
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
-    details: The diff lists format, alignment, fingerprint and the tables' layout (not their sha256).
+    details: The diff lists the file mode, format, alignment, fingerprint and the tables' layout (not their sha256).
   idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: full
 notes:
   - Hashing every table (sha256 for the index) is part of the pack; on a machine with few or
@@ -110,7 +114,7 @@ ple_bytes:
   type: int
   sample: 24341692416
 ple_gib:
-  description: O(ple_bytes) in GiB (2^30 bytes), rounded to 6 decimals; the memory plan's PLE_GIB.
+  description: RV(ple_bytes) in GiB (2^30 bytes), rounded to 6 decimals; the memory plan's PLE_GIB.
   returned: success
   type: float
   sample: 22.67
@@ -121,7 +125,7 @@ weight_bytes:
   returned: success
   type: int
 weight_gib:
-  description: O(weight_bytes) in GiB, rounded to 6 decimals.
+  description: RV(weight_bytes) in GiB, rounded to 6 decimals.
   returned: success
   type: float
 file_bytes:
@@ -163,6 +167,11 @@ copy_method:
   description: How bytes were copied (copy_file_range, sendfile or readwrite); null when nothing was written.
   returned: success
   type: str
+verify_failed:
+  description: Tables of the existing pack whose sha256 did not match its index (with O(verify)).
+  returned: success
+  type: list
+  elements: str
 removed_temp_files:
   description: Temporary files of earlier killed packs that were removed.
   returned: success

@@ -36,7 +36,7 @@ def write_shard(path, tensors, chunk=16 << 20):
     with open(tmp, "wb") as f:
         f.write(len(blob).to_bytes(8, "little"))
         f.write(blob)
-        for name, _dtype, _shape, size in tensors:
+        for name, dummy, dummy2, size in tensors:
             left = size
             part = 0
             while left:

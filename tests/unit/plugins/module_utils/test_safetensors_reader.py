@@ -45,7 +45,7 @@ def test_numpy_saved_shard_parses(tmp_path):
 
 def test_hash_range_equals_hashlib(tmp_path):
     raw = build_checkpoint(tmp_path)
-    _, by_name = st.read_shards(_shards(str(tmp_path)))
+    by_name = st.read_shards(_shards(str(tmp_path)))[1]
     info = by_name[PLE]
     assert st.hash_range(info.shard, info.begin, info.end, buffer_bytes=1000) == \
         hashlib.sha256(raw[PLE]).hexdigest()
