@@ -555,7 +555,7 @@ def pack(checkpoint_dir, dest, name_patterns=None, alignment=4096, verify=False,
                         "or 2097152)" % (alignment,))
     patterns = list(name_patterns) if name_patterns else list(DEFAULT_PATTERNS)
     directory = os.path.dirname(dest) or "."
-    if not os.path.isdir(directory):
+    if not os.path.isdir(directory) and not check_mode:  # check mode: an earlier task would create it
         raise PackError("the directory of dest (%s) does not exist; create it first" % directory)
     if os.path.isdir(dest):
         raise PackError("dest %s is a directory; give the path of the packed file" % dest)

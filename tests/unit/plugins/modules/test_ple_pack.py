@@ -220,6 +220,9 @@ def test_bad_options_fail_before_reading(tmp_path, ckpt):
         ple_pack.pack(str(src), str(tmp_path / "m.ple"), name_patterns=["embed[("])
     with pytest.raises(ple_pack.PackError, match="does not exist"):
         ple_pack.pack(str(src), str(tmp_path / "nodir" / "m.ple"))
+    # in check mode the directory may still be due to an earlier task: report the pack
+    check = ple_pack.pack(str(src), str(tmp_path / "nodir" / "m.ple"), check_mode=True)
+    assert check["changed"] is True and not (tmp_path / "nodir").exists()
     assert not os.path.exists(str(tmp_path / "m.ple"))
 
 
