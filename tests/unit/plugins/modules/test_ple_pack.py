@@ -1,0 +1,448 @@
+"""sparkops.appliance.ple_pack on small real checkpoints written by the safetensors library."""
+import fcntl
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ansible.module_utils.testing import patch_module_args
+from ansible_collections.sparkops.appliance.plugins.modules import ple_pack
+from ple_checkpoints import PLE, PLE_AUDIO, build_checkpoint, tensor, write_raw_shard, write_shard
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
+
+
+def parse_pack(path):
+    """An independent reader of the documented format (docs/ple-format.md)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, version, flags, index_len = struct.unpack_from("<8sIIQ", data, 0)
+    assert (magic, version, flags) == (b"SPARKPLE", 1, 0)
+    index = json.loads(data[24:24 + index_len].decode("utf-8"))
+    return data, index
+
+
+def leftovers(directory):
+    return sorted(f for f in os.listdir(str(directory)) if f.endswith(".ple-tmp"))
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    raw = build_checkpoint(tmp_path / "ckpt")
+    return tmp_path / "ckpt", raw
+
+
+@pytest.mark.parametrize("alignment", [4096, 2 * 1024 * 1024])
+def test_packed_tables_equal_the_source_and_are_aligned(tmp_path, ckpt, alignment):
+    src, raw = ckpt
+    dest = tmp_path / "m.ple"
+    result = ple_pack.pack(str(src), str(dest), alignment=alignment)
+    assert result["changed"] is True
+    data, index = parse_pack(str(dest))
+    names = [t["name"] for t in index["tables"]]
+    assert names == [PLE, PLE_AUDIO]  # shard order, then byte order
+    assert index["alignment"] == alignment and index["byte_order"] == "little"
+    assert 24 + len(json.dumps(index)) <= index["tables"][0]["offset"]
+    previous_end = 0
+    for t in index["tables"]:
+        assert t["offset"] % alignment == 0
+        assert t["offset"] >= previous_end
+        previous_end = t["offset"] + t["nbytes"]
+        assert data[t["offset"]:t["offset"] + t["nbytes"]] == raw[t["name"]]
+        assert t["sha256"] == hashlib.sha256(raw[t["name"]]).hexdigest()
+    assert len(data) == index["file_bytes"] == previous_end
+    assert index["tables"][0]["dtype"] == "BF16" and index["tables"][0]["shape"] == [97, 40]
+    assert index["tables"][1]["dtype"] == "F16" and index["tables"][1]["shape"] == [33, 17]
+    # the index round-trips: the module's reader gives back what the module returned
+    back, problem = ple_pack.read_pack_index(str(dest))
+    assert problem is None and back == index and back["tables"] == result["tables"]
+    # figures for the memory plan
+    assert result["ple_bytes"] == len(raw[PLE]) + len(raw[PLE_AUDIO]) == index["ple_bytes"]
+    assert result["ple_gib"] == round(result["ple_bytes"] / 2 ** 30, 6)
+    files = [os.path.join(str(src), f) for f in os.listdir(str(src))]
+    assert result["weight_bytes"] == sum(os.path.getsize(f) for f in files)
+    assert leftovers(tmp_path) == []
+
+
+def test_patterns_pick_other_tables_and_dtypes(tmp_path, ckpt):
+    src, raw = ckpt
+    dest = tmp_path / "m.ple"
+    result = ple_pack.pack(str(src), str(dest), name_patterns=[r"mlp\.", r"lm_head\.qweight$"])
+    data, index = parse_pack(str(dest))
+    got = {t["name"]: t["dtype"] for t in index["tables"]}
+    assert got == {"model.language_model.layers.1.mlp.up_proj.weight": "BF16",
+                   "model.language_model.layers.1.mlp.scale": "F8_E4M3",
+                   "model.lm_head.qweight": "I8"}
+    for t in index["tables"]:
+        assert data[t["offset"]:t["offset"] + t["nbytes"]] == raw[t["name"]]
+    assert result["ple_bytes"] == sum(len(raw[n]) for n in got)
+
+
+def test_weight_bytes_skip_hidden_entries_and_the_pack_itself(tmp_path, ckpt):
+    src, _raw = ckpt
+    expected = sum(os.path.getsize(os.path.join(str(src), f)) for f in os.listdir(str(src)))
+    (src / ".cache").mkdir()
+    (src / ".cache" / "junk").write_bytes(b"x" * 5000)
+    result = ple_pack.pack(str(src), str(src / "inside.ple"))
+    assert os.path.exists(str(src / "inside.ple"))
+    assert result["weight_bytes"] == expected
+    again = ple_pack.pack(str(src), str(src / "inside.ple"))
+    assert again["changed"] is False and again["weight_bytes"] == expected
+
+
+def test_idempotent_until_the_source_changes(tmp_path, ckpt):
+    src, _raw = ckpt
+    dest = tmp_path / "m.ple"
+    first = ple_pack.pack(str(src), str(dest))
+    inode = os.stat(str(dest)).st_ino
+    second = ple_pack.pack(str(src), str(dest))
+    assert second["changed"] is False and second["tables"] == first["tables"]
+    assert os.stat(str(dest)).st_ino == inode
+    # a shard rewritten with other values (same layout, new mtime) -> repacked
+    shard = src / "model-00001-of-00003.safetensors"
+    build_checkpoint(src, seed=7, extra_files=False)
+    os.utime(str(shard), ns=(os.stat(str(shard)).st_atime_ns, os.stat(str(shard)).st_mtime_ns + 10 ** 9))
+    third = ple_pack.pack(str(src), str(dest))
+    assert third["changed"] is True and third["fingerprint"] != first["fingerprint"]
+    assert third["tables"][0]["sha256"] != first["tables"][0]["sha256"]
+    # another alignment is another layout -> repacked
+    fourth = ple_pack.pack(str(src), str(dest), alignment=8192)
+    assert fourth["changed"] is True
+    assert all(t["offset"] % 8192 == 0 for t in parse_pack(str(dest))[1]["tables"])
+
+
+def test_verify_finds_a_corrupted_pack_and_rewrites_it(tmp_path, ckpt):
+    src, raw = ckpt
+    dest = tmp_path / "m.ple"
+    first = ple_pack.pack(str(src), str(dest), verify=True)
+    assert first["verified"] is True
+    offset = first["tables"][1]["offset"] + 5
+    with open(str(dest), "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    # without verify the fingerprint says "up to date"
+    assert ple_pack.pack(str(src), str(dest))["changed"] is False
+    check = ple_pack.pack(str(src), str(dest), verify=True, check_mode=True)
+    assert check["changed"] is True and check["verify_failed"] == [PLE_AUDIO]
+    assert PLE_AUDIO in check["diff"]["before"]
+    fixed = ple_pack.pack(str(src), str(dest), verify=True)
+    assert fixed["changed"] is True and fixed["verified"] is True
+    data, index = parse_pack(str(dest))
+    t = index["tables"][1]
+    assert data[t["offset"]:t["offset"] + t["nbytes"]] == raw[PLE_AUDIO]
+
+
+def test_a_foreign_file_at_dest_is_replaced(tmp_path, ckpt):
+    src, _raw = ckpt
+    dest = tmp_path / "m.ple"
+    dest.write_bytes(b"hello, this is not a PLE pack at all")
+    result = ple_pack.pack(str(src), str(dest), check_mode=True)
+    assert result["changed"] is True and "bad magic" in result["diff"]["before"]
+    assert dest.read_bytes() == b"hello, this is not a PLE pack at all"
+    ple_pack.pack(str(src), str(dest))
+    parse_pack(str(dest))
+
+
+# --- bad input: a clear error, nothing at dest, no temp file -------------------------------
+
+def _bad_checkpoint(directory, case):
+    directory.mkdir()
+    good = {PLE: tensor("bf16", (8, 4), 1), "w": tensor("float32", (4,), 2)}
+    if case == "not_safetensors":
+        (directory / "model.safetensors").write_bytes(b"PK\x03\x04 this is a zip file, not a shard")
+        return "not a safetensors file"
+    if case == "truncated":
+        write_shard(directory / "model.safetensors", good)
+        path = directory / "model.safetensors"
+        path.write_bytes(path.read_bytes()[:-10])
+        return "truncated"
+    if case == "header_past_end":
+        write_shard(directory / "a.safetensors", good)
+        (directory / "b.safetensors").write_bytes((4096).to_bytes(8, "little") + b'{"x":')
+        return "runs past the end of the file"
+    if case == "overlap":
+        write_raw_shard(directory / "model.safetensors", {
+            PLE: {"dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]},
+            "w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}}, bytes(32))
+        return "overlap"
+    if case == "out_of_range":
+        write_raw_shard(directory / "model.safetensors", {
+            PLE: {"dtype": "BF16", "shape": [4, 4], "data_offsets": [32, 64]}}, bytes(40))
+        return "out of range"
+    if case == "duplicate":
+        write_shard(directory / "a.safetensors", good)
+        write_shard(directory / "b.safetensors", {PLE: tensor("bf16", (8, 4), 3)})
+        return "appears in two shards"
+    if case == "unsupported_dtype":
+        write_raw_shard(directory / "model.safetensors", {
+            PLE: {"dtype": "F4", "shape": [8, 4], "data_offsets": [0, 16]}}, bytes(16))
+        return "unsupported dtype 'F4'"
+    if case == "no_match":
+        write_shard(directory / "model.safetensors", {
+            "model.embed_tokens.weight": tensor("float32", (4, 2), 1),
+            "model.per_layer_embeddings.weight": tensor("bf16", (4, 2), 2)})
+        return "'model.per_layer_embeddings.weight'"
+    if case == "no_shards":
+        (directory / "config.json").write_text("{}")
+        return "holds no *.safetensors shard"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["not_safetensors", "truncated", "header_past_end", "overlap",
+                                  "out_of_range", "duplicate", "unsupported_dtype", "no_match",
+                                  "no_shards"])
+def test_bad_input_fails_clearly_and_leaves_nothing(tmp_path, case):
+    expect = _bad_checkpoint(tmp_path / "ckpt", case)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ple_pack.PackError) as err:
+        ple_pack.pack(str(tmp_path / "ckpt"), str(out / "m.ple"))
+    assert expect in str(err.value)
+    if case == "no_match":
+        assert "closest names:" in str(err.value)
+    assert os.listdir(str(out)) == []
+
+
+def test_bad_options_fail_before_reading(tmp_path, ckpt):
+    src, _raw = ckpt
+    for alignment in (1000, 2048, 4096 + 1, 1 << 31):
+        with pytest.raises(ple_pack.PackError, match="power of two"):
+            ple_pack.pack(str(src), str(tmp_path / "m.ple"), alignment=alignment)
+    with pytest.raises(ple_pack.PackError, match="not a valid regular expression"):
+        ple_pack.pack(str(src), str(tmp_path / "m.ple"), name_patterns=["embed[("])
+    with pytest.raises(ple_pack.PackError, match="does not exist"):
+        ple_pack.pack(str(src), str(tmp_path / "nodir" / "m.ple"))
+    # in check mode the directory may still be due to an earlier task: report the pack
+    check = ple_pack.pack(str(src), str(tmp_path / "nodir" / "m.ple"), check_mode=True)
+    assert check["changed"] is True and not (tmp_path / "nodir").exists()
+    assert not os.path.exists(str(tmp_path / "m.ple"))
+
+
+# --- disk full on a real small filesystem -----------------------------------------------------
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.skip("cannot mount a 1 MiB tmpfs here: %s" % proc.stderr.strip())
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_disk_full_fails_clearly_and_keeps_the_old_pack(tmp_path, tiny_fs, monkeypatch):
+    small = tmp_path / "small"
+    build_checkpoint(small)
+    dest = tiny_fs / "m.ple"
+    ple_pack.pack(str(small), str(dest))
+    old = dest.read_bytes()
+    big = tmp_path / "big"
+    big.mkdir()
+    write_shard(big / "model.safetensors", {PLE: tensor("bf16", (1024, 1024), 5)})  # 2 MiB
+    # 1. the free-space check before writing
+    with pytest.raises(ple_pack.PackError, match="not enough free disk"):
+        ple_pack.pack(str(big), str(dest))
+    assert dest.read_bytes() == old and leftovers(tiny_fs) == []
+    # 2. the filesystem itself says ENOSPC (preallocation)
+    with pytest.raises(ple_pack.PackError, match="disk full"):
+        ple_pack.pack(str(big), str(dest), check_space=False)
+    assert dest.read_bytes() == old and leftovers(tiny_fs) == []
+
+    # 3. ENOSPC in the middle of the copy (no preallocation on this filesystem)
+    def no_fallocate(fd, offset, length):
+        raise OSError(95, "Operation not supported")
+    monkeypatch.setattr(os, "posix_fallocate", no_fallocate)
+    with pytest.raises(ple_pack.PackError, match="disk full"):
+        ple_pack.pack(str(big), str(dest), check_space=False)
+    assert dest.read_bytes() == old and leftovers(tiny_fs) == []
+
+
+# --- a killed pack ------------------------------------------------------------------------------
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, sys.argv[3])
+    from ansible_collections.sparkops.appliance.plugins.module_utils import _safetensors as st
+    from ansible_collections.sparkops.appliance.plugins.modules import ple_pack
+    st.COPY_CHUNK_BYTES = 64 * 1024
+    real = st.RangeCopier._copy_some
+    calls = []
+    def copy_some(self, *args):
+        calls.append(1)
+        if len(calls) == 4:   # midway through the first table: die like kill -9 would
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, *args)
+    st.RangeCopier._copy_some = copy_some
+    ple_pack.pack(sys.argv[1], sys.argv[2])
+""")
+
+
+def test_a_killed_pack_leaves_no_file_and_the_rerun_cleans_up(tmp_path):
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    raw = write_shard(src / "model.safetensors", {PLE: tensor("bf16", (512, 1024), 9)})  # 1 MiB
+    dest = tmp_path / "m.ple"
+    proc = subprocess.run([sys.executable, "-c", KILLER, str(src), str(dest),
+                           os.path.join(ROOT, ".collections")], capture_output=True, text=True, check=False)
+    assert proc.returncode == -9, proc.stderr
+    assert not dest.exists()
+    left = leftovers(tmp_path)
+    assert len(left) == 1 and left[0].startswith(".m.ple.")
+    assert 0 < os.path.getsize(str(tmp_path / left[0]))
+    check = ple_pack.pack(str(src), str(dest), check_mode=True)
+    assert check["changed"] is True and leftovers(tmp_path) == left  # check mode removes nothing
+    result = ple_pack.pack(str(src), str(dest))
+    assert result["changed"] is True
+    assert [os.path.basename(p) for p in result["removed_temp_files"]] == left
+    assert leftovers(tmp_path) == []
+    data, index = parse_pack(str(dest))
+    t = index["tables"][0]
+    assert data[t["offset"]:t["offset"] + t["nbytes"]] == raw[PLE]
+
+
+def test_a_temp_file_of_a_live_pack_is_not_removed(tmp_path, ckpt):
+    src, _raw = ckpt
+    dest = tmp_path / "m.ple"
+    busy = tmp_path / ".m.ple.12345.abcd.ple-tmp"
+    busy.write_bytes(b"in progress")
+    fd = os.open(str(busy), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        result = ple_pack.pack(str(src), str(dest))
+        assert result["removed_temp_files"] == [] and busy.exists()
+    finally:
+        os.close(fd)
+    again = ple_pack.pack(str(src), str(dest))  # the writer is gone now
+    assert again["removed_temp_files"] == [str(busy)] and not busy.exists()
+    assert again["changed"] is True
+
+
+# --- the module entry point: check mode with diff, real, again -----------------------------------
+
+def run_main(capsys, **args):
+    with patch_module_args(args):
+        with pytest.raises(SystemExit):
+            ple_pack.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def test_module_check_diff_then_real_then_again(tmp_path, ckpt, capsys):
+    src, raw = ckpt
+    dest = tmp_path / "m.ple"
+    args = dict(checkpoint_dir=str(src), dest=str(dest), alignment=8192, mode="0640")
+    check = run_main(capsys, _ansible_check_mode=True, _ansible_diff=True, **args)
+    assert check["changed"] is True and not dest.exists()
+    assert check["diff"]["before"] == "" and PLE in check["diff"]["after"]
+    assert all(t["sha256"] is None for t in check["tables"])
+    real = run_main(capsys, _ansible_diff=True, **args)
+    assert real["changed"] is True and dest.exists()
+    assert real["diff"] == check["diff"]
+    assert oct(os.stat(str(dest)).st_mode & 0o777) == "0o640"
+    assert [t["sha256"] for t in real["tables"]] == \
+        [hashlib.sha256(raw[n]).hexdigest() for n in (PLE, PLE_AUDIO)]
+    for key in ("ple_bytes", "ple_gib", "weight_bytes", "file_bytes", "fingerprint"):
+        assert real[key] == check[key], key
+    again = run_main(capsys, _ansible_diff=True, **args)
+    assert again["changed"] is False
+    assert again["diff"]["before"] == again["diff"]["after"] == real["diff"]["after"]
+    again_check = run_main(capsys, _ansible_check_mode=True, _ansible_diff=True, **args)
+    assert again_check["changed"] is False
+
+
+def test_module_reports_bad_input_as_failed(tmp_path, capsys):
+    _bad_checkpoint(tmp_path / "ckpt", "truncated")
+    out = run_main(capsys, checkpoint_dir=str(tmp_path / "ckpt"), dest=str(tmp_path / "m.ple"))
+    assert out["failed"] is True and "truncated" in out["msg"]
+    out = run_main(capsys, checkpoint_dir=str(tmp_path / "ckpt"), dest=str(tmp_path / "m.ple"),
+                   mode="rw-r--r--")
+    assert out["failed"] is True and "octal file mode" in out["msg"]
+    assert not (tmp_path / "m.ple").exists()
+
+
+def test_module_through_ansible_playbook(tmp_path, ckpt):
+    src, _raw = ckpt
+    dest = tmp_path / "m.ple"
+    report = tmp_path / "report.json"
+    play = tmp_path / "play.yml"
+    play.write_text(textwrap.dedent("""
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: Check mode with diff
+              sparkops.appliance.ple_pack: {checkpoint_dir: "%(src)s", dest: "%(dest)s"}
+              check_mode: true
+              diff: true
+              register: check
+            - name: For real
+              sparkops.appliance.ple_pack: {checkpoint_dir: "%(src)s", dest: "%(dest)s"}
+              diff: true
+              register: real
+            - name: Again
+              sparkops.appliance.ple_pack: {checkpoint_dir: "%(src)s", dest: "%(dest)s"}
+              diff: true
+              register: again
+            - name: Save the results
+              ansible.builtin.copy:
+                content: "{{ {'check': check, 'real': real, 'again': again} | to_json }}"
+                dest: "%(report)s"
+                mode: "0600"
+        """) % {"src": src, "dest": dest, "report": report})
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e",
+                           "ansible_python_interpreter=" + sys.executable, str(play)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(report.read_text())
+    assert res["check"]["changed"] is True and res["real"]["changed"] is True
+    assert res["again"]["changed"] is False
+    assert res["again"]["diff"]["before"] == res["again"]["diff"]["after"]
+    assert res["real"]["ple_gib"] == res["check"]["ple_gib"] > 0
+    parse_pack(str(dest))
+
+
+def test_a_new_mode_is_applied_without_repacking(tmp_path, ckpt):
+    src, _raw = ckpt
+    dest = tmp_path / "m.ple"
+    ple_pack.pack(str(src), str(dest), mode=0o644)
+    inode = os.stat(str(dest)).st_ino
+    check = ple_pack.pack(str(src), str(dest), mode=0o600, check_mode=True)
+    assert check["changed"] is True and "mode: 0644" in check["diff"]["before"]
+    assert "mode: 0600" in check["diff"]["after"]
+    assert os.stat(str(dest)).st_mode & 0o777 == 0o644
+    real = ple_pack.pack(str(src), str(dest), mode=0o600)
+    assert real["changed"] is True and real["copy_method"] is None
+    assert os.stat(str(dest)).st_mode & 0o777 == 0o600 and os.stat(str(dest)).st_ino == inode
+    again = ple_pack.pack(str(src), str(dest), mode=0o600)
+    assert again["changed"] is False and again["diff"]["before"] == again["diff"]["after"]
+
+
+def test_a_failed_copy_stops_the_hash_threads(tmp_path, ckpt, monkeypatch):
+    from ansible_collections.sparkops.appliance.plugins.module_utils import _safetensors as st
+    src, _raw = ckpt
+    seen = []
+    real_hash = ple_pack.hash_range
+
+    def slow_hash(*args, **kwargs):
+        seen.append(kwargs.get("stop"))
+        return real_hash(*args, **kwargs)
+
+    def broken_copy(self, *args):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(ple_pack, "hash_range", slow_hash)
+    monkeypatch.setattr(st.RangeCopier, "copy", broken_copy)
+    with pytest.raises(ple_pack.PackError, match="Input/output error"):
+        ple_pack.pack(str(src), str(tmp_path / "m.ple"))
+    assert seen and all(e is not None and e.is_set() for e in seen)
+    assert leftovers(tmp_path) == [] and not (tmp_path / "m.ple").exists()
