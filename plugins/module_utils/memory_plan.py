@@ -561,7 +561,7 @@ def plan_table(plans, sources=None):
     labels = [label for label, _v in columns[0]]
     label_w = max(len(x) for x in labels)
     widths = [max([len(h)] + [len(v) for _l, v in col]) for h, col in zip(hosts, columns)]
-    lines = [' | '.join([''.ljust(label_w)] + [h.rjust(w) for h, w in zip(hosts, widths)])]
+    lines = [' | '.join(['host'.ljust(label_w)] + [h.rjust(w) for h, w in zip(hosts, widths)])]
     lines.append('-+-'.join(['-' * label_w] + ['-' * w for w in widths]))
     for i, label in enumerate(labels):
         lines.append(' | '.join([label.ljust(label_w)]
