@@ -516,9 +516,14 @@ def plan_rows(plan, sources=None):
     if inp.get('mtp_enabled') and inp.get('mtp_num_speculative_tokens') is not None:
         mtp += ', %d draft tokens' % inp['mtp_num_speculative_tokens']
     dtype = '%s (x%s)' % (inp.get('kv_cache_dtype', '-'), _cell(plan['kv_mult']))
+    ckpt_bytes = inp.get('weight_bytes', 0)
+    if ckpt_bytes >= 2 ** 30:
+        ckpt = '%s GiB' % _cell(ckpt_bytes / 2.0 ** 30)
+    else:
+        ckpt = '%s MiB' % _cell(ckpt_bytes / 2.0 ** 20, 1)
     return [
-        ('checkpoint', '%s GiB%s' % (_cell(inp.get('weight_bytes', 0) / 2.0 ** 30),
-                                     src('weight_bytes'))),
+        ('checkpoint dir', sources.get('checkpoint_dir') or '-'),
+        ('checkpoint', ckpt + src('weight_bytes')),
         ('PLE GiB', _cell(plan['ple_gib']) + src('ple_gib')),
         ('KV dtype', dtype),
         ('MTP', mtp),

@@ -65,7 +65,8 @@ def test_example_inventory_plans_every_host_without_connecting(tmp_path, example
     assert report['spark-pa-head']['plan'] == memory_plan(example_inputs(pair))
     assert report['spark-01']['plan']['gmu'] == 0.786
     assert report['spark-pa-head']['plan']['inputs']['tensor_parallel_size'] == 2
-    assert set(report['spark-01']['sources'].values()) == {'given'}
+    assert set(report['spark-01']['sources'].values()) == {'given', ''}
+    assert report['spark-01']['sources']['checkpoint_dir'] == ''
     # The table: a column per host, the squeeze, the warning.
     table = log[log.index('TASK [Print the memory plan]'):]
     for host in report:
@@ -140,7 +141,8 @@ def test_a_reachable_host_is_measured_and_left_unchanged(tmp_path, local_model, 
     entry = json.loads(out.read_text())['spark-local']
     plan, sources = entry['plan'], entry['sources']
     assert sources == {'mem_total_gib': '/proc/meminfo', 'weight_bytes': 'measured',
-                       'ple_gib': 'measured', 'kv_bytes_per_token': 'config.json'}
+                       'ple_gib': 'measured', 'kv_bytes_per_token': 'config.json',
+                       'checkpoint_dir': str(ckpt)}
     # du counts the directory entries too: files plus at most a few KiB per directory.
     assert files <= plan['inputs']['weight_bytes'] <= files + 64 * 1024
     assert plan['ple_gib'] == (1 << 20) / GIB

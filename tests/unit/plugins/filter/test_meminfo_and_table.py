@@ -53,6 +53,8 @@ def test_table_has_a_column_per_host_and_the_warnings():
     assert row['chunk (max_num_batched_tokens)'] == ['8192', '8192']
     assert row['MemTotal GiB'][0] == '121.69 (given)'
     assert row['full-length requests at once'][0] == '4'
+    assert row['checkpoint'] == ['94.42 GiB', '94.42 GiB']
+    assert row['checkpoint dir'] == ['-', '-']
     warnings = [line for line in lines if line.startswith('WARNING')]
     assert len(warnings) == 1 and warnings[0].startswith('WARNING spark-01: at most 4 of 8')
 
@@ -60,6 +62,17 @@ def test_table_has_a_column_per_host_and_the_warnings():
 def test_table_of_one_plan():
     lines = memory_plan_table(memory_plan(INPUTS))
     assert any(line.startswith('gmu') and line.endswith('0.786') for line in lines)
+
+
+def test_small_checkpoints_in_mib_and_the_measured_dir():
+    plan = memory_plan(dict(INPUTS, weight_bytes=16 << 20, ple_gib=0, host_reserve_gib=100,
+                            max_model_len=2048, kv_target_gib=0.25))
+    lines = memory_plan_table(plan, sources={'checkpoint_dir': '/srv/m/tiny',
+                                             'weight_bytes': 'measured'})
+    assert any(line.startswith('checkpoint ') and line.endswith('16.0 MiB (measured)')
+               for line in lines)
+    assert any(line.startswith('checkpoint dir') and line.endswith('/srv/m/tiny')
+               for line in lines)
 
 
 def test_table_refuses_what_is_not_a_plan():
