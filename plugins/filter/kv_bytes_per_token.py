@@ -62,7 +62,7 @@ def kv_bytes_per_token(config, tensor_parallel_size=1):
     try:
         return kv_bytes_per_token_from_config(config, tensor_parallel_size)
     except MemoryPlanError as exc:
-        raise AnsibleFilterError(str(exc))
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 class FilterModule(object):

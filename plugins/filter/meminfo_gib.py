@@ -50,7 +50,7 @@ def meminfo_gib(text):
     try:
         return parse_meminfo(text)
     except MemoryPlanError as exc:
-        raise AnsibleFilterError(str(exc))
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 class FilterModule(object):

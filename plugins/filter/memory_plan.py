@@ -199,7 +199,7 @@ def memory_plan(inputs):
     try:
         return compute_plan(inputs)
     except MemoryPlanError as exc:
-        raise AnsibleFilterError(str(exc))
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 class FilterModule(object):

@@ -54,7 +54,8 @@ def memory_plan_table(plans, sources=None):
     try:
         return plan_table(plans, sources)
     except (MemoryPlanError, KeyError, TypeError) as exc:
-        raise AnsibleFilterError('memory_plan_table: cannot render %r: %s' % (type(plans).__name__, exc))
+        raise AnsibleFilterError('memory_plan_table: cannot render %r: %s'
+                                 % (type(plans).__name__, exc)) from exc
 
 
 class FilterModule(object):

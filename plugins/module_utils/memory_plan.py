@@ -89,36 +89,36 @@ def _knob(name):
     return VAR_PREFIX + name
 
 
-def _fail(name, problem, fix=None):
+def _error(name, problem, fix=None):
     msg = "memory_plan: input '%s' (%s) %s" % (name, _knob(name), problem)
     if fix:
         msg += ': ' + fix
-    raise MemoryPlanError(msg)
+    return MemoryPlanError(msg)
 
 
 def _to_decimal(name, value):
     """A finite Decimal from an int, float or numeric string; refuse everything else."""
     if isinstance(value, bool):
-        _fail(name, 'is the boolean %r, not a number' % (value,), 'give a number')
+        raise _error(name, 'is the boolean %r, not a number' % (value,), 'give a number')
     if isinstance(value, int):
         return Decimal(int(value))
     if isinstance(value, float):
         if not math.isfinite(value):
-            _fail(name, 'is %r, not a finite number' % (value,), 'give a finite number')
+            raise _error(name, 'is %r, not a finite number' % (value,), 'give a finite number')
         return Decimal(float.__repr__(float(value)))
     if isinstance(value, str):
         text = str(value).strip()
         if text.lower() in _BOOL_WORDS:
-            _fail(name, 'is the string %r, a boolean-as-string, not a number' % (text,),
-                  'give a number')
+            raise _error(name, 'is the string %r, a boolean-as-string, not a number' % (text,),
+                         'give a number')
         try:
             dec = Decimal(text)
         except InvalidOperation:
             dec = None
         if dec is None or not dec.is_finite():
-            _fail(name, 'is %r, not a number' % (text,), 'give a number')
+            raise _error(name, 'is %r, not a number' % (text,), 'give a number')
         return dec
-    _fail(name, 'is %r (%s), not a number' % (value, type(value).__name__), 'give a number')
+    raise _error(name, 'is %r (%s), not a number' % (value, type(value).__name__), 'give a number')
 
 
 def _check_input(name, value):
@@ -127,31 +127,31 @@ def _check_input(name, value):
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
-            _fail(name, 'is the string %r, a boolean-as-string' % (str(value),),
-                  'write true or false unquoted in YAML, or pass extra vars as JSON '
-                  "(-e '{\"%s\": true}')" % _knob(name))
-        _fail(name, 'is %r, not a boolean' % (value,), 'set it to true or false')
+            raise _error(name, 'is the string %r, a boolean-as-string' % (str(value),),
+                         'write true or false unquoted in YAML, or pass extra vars as JSON '
+                         "(-e '{\"%s\": true}')" % _knob(name))
+        raise _error(name, 'is %r, not a boolean' % (value,), 'set it to true or false')
     if kind == 'dtype':
         if not isinstance(value, str) or str(value).strip().lower() not in KV_DTYPE_MULT:
-            _fail('kv_cache_dtype', 'is %r, an unknown KV cache dtype' % (value,),
-                  'use one of %s (or set %skv_mult explicitly as well)'
-                  % (', '.join(sorted(KV_DTYPE_MULT)), VAR_PREFIX))
+            raise _error('kv_cache_dtype', 'is %r, an unknown KV cache dtype' % (value,),
+                         'use one of %s (or set %skv_mult explicitly as well)'
+                         % (', '.join(sorted(KV_DTYPE_MULT)), VAR_PREFIX))
         return str(value).strip().lower()
     if kind == 'dict':
         if not isinstance(value, dict):
-            _fail(name, 'is %r, not a mapping' % (type(value).__name__,),
-                  'pass the parsed config.json (from_json)')
+            raise _error(name, 'is %r, not a mapping' % (type(value).__name__,),
+                         'pass the parsed config.json (from_json)')
         return value
     dec = _to_decimal(name, value)
     if kind == 'int' and dec != dec.to_integral_value():
-        _fail(name, 'is %s, not a whole number' % (dec,), 'give a whole number')
+        raise _error(name, 'is %s, not a whole number' % (dec,), 'give a whole number')
     if minimum is not None:
         low = Decimal(minimum)
         if dec < 0:
-            _fail(name, 'is negative (%s)' % (dec,), 'give %s >= %s' % (what, minimum))
+            raise _error(name, 'is negative (%s)' % (dec,), 'give %s >= %s' % (what, minimum))
         if dec < low or (exclusive and dec == low):
-            _fail(name, 'is %s' % (dec,), 'give %s %s %s'
-                  % (what, '>' if exclusive else '>=', minimum))
+            raise _error(name, 'is %s' % (dec,), 'give %s %s %s'
+                         % (what, '>' if exclusive else '>=', minimum))
     if kind == 'int':
         return int(dec)
     return dec
@@ -173,7 +173,7 @@ def normalize_inputs(raw):
             out[name] = _check_input(name, given[name])
     # Alternatives: ple_bytes for ple_gib, model_config for kv_bytes_per_token.
     if 'ple_gib' in out and 'ple_bytes' in out:
-        _fail('ple_bytes', 'is given together with ple_gib', 'give only one of them')
+        raise _error('ple_bytes', 'is given together with ple_gib', 'give only one of them')
     if 'ple_bytes' in out:
         out['ple_gib'] = _CTX.divide(Decimal(out.pop('ple_bytes')), GIB)
     for name, spec in INPUTS.items():
@@ -181,7 +181,7 @@ def normalize_inputs(raw):
             continue
         if name == 'kv_bytes_per_token' and 'model_config' in out:
             continue
-        _fail(name, 'is missing', 'set %s (%s)' % (_knob(name), spec[4]))
+        raise _error(name, 'is missing', 'set %s (%s)' % (_knob(name), spec[4]))
     out.setdefault('tensor_parallel_size', DEFAULT_TENSOR_PARALLEL_SIZE)
     out.setdefault('docker_headroom_gib', DEFAULT_DOCKER_HEADROOM_GIB)
     out.setdefault('tp_comm_reserve_gib', DEFAULT_TP_COMM_RESERVE_GIB)
@@ -210,9 +210,9 @@ def compute_plan(raw):
     # Weights: checkpoint bytes less the PLE tables (mmap'd, not GPU-resident).
     w = _CTX.subtract(_CTX.divide(Decimal(inp['weight_bytes']), GIB), inp['ple_gib'])
     if w < 0:
-        _fail('ple_gib', 'is %s GiB, more than the whole checkpoint (weight_bytes = %s GiB)'
-              % (_fmt(inp['ple_gib']), _fmt(_CTX.divide(Decimal(inp['weight_bytes']), GIB))),
-              'check memory_plan_weight_bytes and the PLE size')
+        raise _error('ple_gib', 'is %s GiB, more than the whole checkpoint (weight_bytes = %s GiB)'
+                     % (_fmt(inp['ple_gib']), _fmt(_CTX.divide(Decimal(inp['weight_bytes']), GIB))),
+                     'check memory_plan_weight_bytes and the PLE size')
     if not mtp:
         w = _CTX.subtract(w, min(inp['mtp_off_credit_gib'], max(w, Decimal(0))))
     weights_total = w
@@ -235,7 +235,7 @@ def compute_plan(raw):
             kv_bpt_total = Decimal(kv_bytes_per_token_from_config(inp['model_config']))
             kv_bpt = Decimal(kv_bytes_per_token_from_config(inp['model_config'], tp))
         except MemoryPlanError as exc:
-            raise MemoryPlanError('%s; or set memory_plan_kv_bytes_per_token' % exc)
+            raise MemoryPlanError('%s; or set memory_plan_kv_bytes_per_token' % exc) from exc
         kv_source = 'config.json'
     if 'kv_mult' in inp:
         kv_mult = inp['kv_mult']
@@ -247,9 +247,9 @@ def compute_plan(raw):
     wish = _CTX.add(fixed, max(kv_need, inp['kv_target_gib']))
     mem_total = inp['mem_total_gib']
     if inp['host_reserve_gib'] >= mem_total:
-        _fail('host_reserve_gib', 'is %s GiB, not below MemTotal (mem_total_gib = %s GiB)'
-              % (_fmt(inp['host_reserve_gib']), _fmt(mem_total)),
-              'lower memory_plan_host_reserve_gib, or check MemTotal')
+        raise _error('host_reserve_gib', 'is %s GiB, not below MemTotal (mem_total_gib = %s GiB)'
+                     % (_fmt(inp['host_reserve_gib']), _fmt(mem_total)),
+                     'lower memory_plan_host_reserve_gib, or check MemTotal')
     cap = _CTX.subtract(mem_total, inp['host_reserve_gib'])
     budget_wanted = min(wish, cap)
     squeezed = wish > cap
@@ -466,7 +466,7 @@ def kv_bytes_per_token_from_file(path, tensor_parallel_size=1):
         with open(path, 'r') as handle:
             config = json.load(handle)
     except (OSError, ValueError) as exc:
-        raise MemoryPlanError('memory_plan: cannot read the model config %s: %s' % (path, exc))
+        raise MemoryPlanError('memory_plan: cannot read the model config %s: %s' % (path, exc)) from exc
     return kv_bytes_per_token_from_config(config, tensor_parallel_size)
 
 

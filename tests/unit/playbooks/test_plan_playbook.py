@@ -25,7 +25,8 @@ def run_plan(inventory, out, *args):
                ANSIBLE_FORCE_COLOR='0')
     cmd = ['ansible-playbook', os.path.join(ROOT, 'playbooks', 'plan.yml'), '-i', str(inventory),
            '-e', 'plan_json_path=%s' % out] + list(args)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -109,8 +110,8 @@ def local_model(tmp_path):
     (blobs / 'shard').write_bytes(b'\1' * (2 << 20))
     os.symlink(str(blobs / 'shard'), str(ckpt / 'linked.safetensors'))  # followed
     (models / 'tiny.ple').write_bytes(b'\2' * (1 << 20))
-    files = sum(os.stat(str(p)).st_size for p in (ckpt / 'config.json', ckpt / 'model.safetensors',
-                                                   blobs / 'shard'))
+    counted = (ckpt / 'config.json', ckpt / 'model.safetensors', blobs / 'shard')
+    files = sum(os.stat(str(p)).st_size for p in counted)
     return models, ckpt, files, config
 
 
