@@ -1,0 +1,209 @@
+# -*- coding: utf-8 -*-
+"""sparkops.appliance.memory_plan: the GMU / KV budget of a DGX Spark (SPEC section 3)."""
+
+from __future__ import (absolute_import, division, print_function)
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+name: memory_plan
+short_description: Compute the GMU / KV budget / container cap of a DGX Spark
+version_added: 0.1.0
+description:
+  - Pure function of its inputs, the only place the memory plan is computed. Every role that
+    needs the plan consumes its output (the host fact C(spark_memory_plan)); no plan
+    arithmetic anywhere else.
+  - "All capacities in GiB (2^30 bytes). The arithmetic (SPEC section 3):
+    C(w = weight_bytes/2^30 - ple_gib); when MTP is off C(w -= min(mtp_off_credit_gib, max(w, 0)));
+    C(w /= tensor_parallel_size);
+    C(fixed = w + overhead_gib [+ mtp_gib when MTP is on] [+ tp_comm_reserve_gib when TP > 1]);
+    C(kv_need = max_model_len * kv_bytes_per_token/TP * kv_mult / 2^30);
+    C(wish = fixed + max(kv_need, kv_target_gib)); C(cap = mem_total_gib - host_reserve_gib);
+    C(gmu = floor(min(wish, cap) / mem_total_gib * 1000) / 1000);
+    C(budget = gmu * mem_total_gib); C(kv_exp = budget - fixed)."
+  - Computed in decimal arithmetic from the inputs' shortest decimal form, so a ratio that is
+    exactly 0.786 is not floored to 0.785 by binary float error, and gmu is never rounded up.
+  - "Refuses (AnsibleFilterError naming the input and the C(memory_plan_*) variable to change):
+    a missing, negative, non-numeric or boolean-as-string input, an unknown input name, an
+    unknown KV cache dtype, C(host_reserve_gib >= mem_total_gib), PLE larger than the checkpoint,
+    and C(kv_exp < kv_need) (not even one max-length request fits: vLLM would refuse to start)."
+  - "Warns (in RV(_value.warnings), not an error) when C(max_num_seqs * kv_need > kv_exp): at
+    most K of N sequences can be at max length at once."
+  - See docs/memory-plan.md for the tensor-parallel assumptions.
+options:
+  _input:
+    description: The plan inputs (the inventory's C(memory_plan_*) values without the prefix).
+      A key whose value is null counts as absent.
+    type: dict
+    required: true
+    suboptions:
+      weight_bytes:
+        description: Bytes of the local checkpoint directory (PLE and MTP draft included).
+        type: int
+        required: true
+      ple_gib:
+        description: GiB of the PLE tables served through mmap (not GPU-resident).
+          Required unless O(_input.ple_bytes) is given.
+        type: float
+      ple_bytes:
+        description: Bytes of the packed PLE file, instead of O(_input.ple_gib).
+        type: int
+      mtp_enabled:
+        description: Speculative decoding with the model's MTP head. A real boolean; the
+          strings C(true)/C(yes)/... are refused.
+        type: bool
+        required: true
+      mtp_off_credit_gib:
+        description: GiB of draft weights counted in the checkpoint but not loaded when MTP is off.
+        type: float
+        required: true
+      overhead_gib:
+        description: Runtime reserve (CUDA graphs, activations, workspaces), GiB per node.
+        type: float
+        required: true
+      mtp_gib:
+        description: Reserve for the MTP module when on, GiB per node.
+        type: float
+        required: true
+      max_model_len:
+        description: Context length in tokens.
+        type: int
+        required: true
+      kv_bytes_per_token:
+        description:
+          - BF16 KV bytes per token of the whole model (all ranks). Required unless
+            O(_input.model_config) is given; wins over it when both are.
+          - Divided by O(_input.tensor_parallel_size) unless O(_input.kv_split_across_tp) is false.
+        type: float
+      model_config:
+        description: The checkpoint's parsed C(config.json); KV bytes per token of one rank are
+          derived from it when O(_input.kv_bytes_per_token) is absent (see the
+          P(sparkops.appliance.kv_bytes_per_token#filter) filter).
+        type: dict
+      kv_cache_dtype:
+        description: vLLM C(--kv-cache-dtype).
+        type: str
+        required: true
+        choices: [auto, bf16, bfloat16, fp8, fp8_e4m3, fp8_e5m2]
+      kv_mult:
+        description: Factor on the BF16 KV baseline; wins over the dtype's (auto/bf16 1.0, fp8 0.58).
+        type: float
+      kv_target_gib:
+        description: Desired KV pool, GiB (room for concurrency and prefix reuse).
+        type: float
+        required: true
+      mem_total_gib:
+        description: MemTotal as Linux reports it, GiB.
+        type: float
+        required: true
+      host_reserve_gib:
+        description: GiB kept for the OS, CPU processes, PLE page cache and driver free pages.
+        type: float
+        required: true
+      max_num_seqs:
+        description: vLLM C(--max-num-seqs).
+        type: int
+        required: true
+      tensor_parallel_size:
+        description: Nodes one model is split across; the plan is then per node.
+        type: int
+        default: 1
+      docker_headroom_gib:
+        description: The container memory cap is budget plus this, GiB.
+        type: float
+        default: 5
+      tp_comm_reserve_gib:
+        description: Per-node reserve for NCCL buffers, Ray and transfer staging, added to the
+          fixed costs only when O(_input.tensor_parallel_size) > 1.
+        type: float
+        default: 2
+      kv_split_across_tp:
+        description: Whether a given O(_input.kv_bytes_per_token) splits across TP ranks
+          (attention heads do; a DeepSeek-style MLA latent does not).
+        type: bool
+        default: true
+      max_num_batched_tokens:
+        description: Prefill chunk; echoed for the table, not used in the arithmetic.
+        type: int
+      mtp_num_speculative_tokens:
+        description: MTP draft tokens; echoed for the table, not used in the arithmetic.
+        type: int
+author:
+  - sparkops team
+"""
+
+EXAMPLES = r"""
+- name: The golden case of SPEC section 3 (gmu 0.786, kv_exp ~16.81 GiB, 4 full-length requests)
+  ansible.builtin.set_fact:
+    spark_memory_plan: "{{ plan_inputs | sparkops.appliance.memory_plan }}"
+  vars:
+    plan_inputs:
+      weight_bytes: 101382703022
+      ple_gib: 22.67
+      mtp_enabled: true
+      mtp_off_credit_gib: 1.2
+      overhead_gib: 5.60
+      mtp_gib: 1.49
+      max_model_len: 262144
+      kv_bytes_per_token: 29482
+      kv_cache_dtype: fp8
+      kv_target_gib: 20
+      mem_total_gib: 121.69
+      host_reserve_gib: 26
+      max_num_seqs: 8
+
+- name: Use it
+  ansible.builtin.debug:
+    msg: "--gpu-memory-utilization {{ spark_memory_plan.gmu }}"
+"""
+
+RETURN = r"""
+_value:
+  description: The plan, per node when tensor_parallel_size > 1. Figures are floats in GiB.
+  type: dict
+  contains:
+    weights_gib: {description: w, GPU-resident weights on this node., type: float}
+    weights_total_gib: {description: w before the TP split., type: float}
+    ple_gib: {description: PLE GiB used., type: float}
+    fixed_gib: {description: w + overhead (+ MTP reserve) (+ TP comm reserve)., type: float}
+    comm_reserve_gib: {description: TP communication reserve included in fixed (0 at TP=1)., type: float}
+    kv_bytes_per_token: {description: BF16 KV bytes per token on this node., type: float}
+    kv_bytes_per_token_source: {description: "C(given) or C(config.json).", type: str}
+    kv_mult: {description: Cache-dtype factor used., type: float}
+    kv_need_gib: {description: KV of ONE max-length request (not multiplied by max_num_seqs)., type: float}
+    kv_target_gib: {description: The KV target., type: float}
+    wish_gib: {description: fixed + max(kv_need, kv_target)., type: float}
+    cap_gib: {description: mem_total - host_reserve., type: float}
+    budget_gib: {description: gmu x mem_total (after rounding gmu down)., type: float}
+    gmu: {description: "vLLM --gpu-memory-utilization, rounded DOWN to 3 decimals.", type: float}
+    gmu_step_gib: {description: GiB of one 0.001 step of gmu on this host., type: float}
+    kv_exp_gib: {description: budget - fixed, the expected KV room., type: float}
+    full_length_fit: {description: Whole max-length requests that fit in kv_exp at once., type: int}
+    max_model_len_fit: {description: Longest context whose single request fits in kv_exp., type: int}
+    squeezed: {description: The host cap cut the wish (wish > cap)., type: bool}
+    docker_memory_gib: {description: "Docker --memory / --memory-swap: budget + headroom.", type: float}
+    docker_memory_bytes: {description: docker_memory_gib in bytes (floored)., type: int}
+    kv_cache_memory_bytes: {description: "kv_exp in bytes (floored), for vLLM --kv-cache-memory-bytes.", type: int}
+    warnings: {description: Human-readable warnings., type: list, elements: str}
+    inputs: {description: The normalised inputs (defaults filled in; model_config left out)., type: dict}
+"""
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.sparkops.appliance.plugins.module_utils.memory_plan import (
+    MemoryPlanError,
+    compute_plan,
+)
+
+
+def memory_plan(inputs):
+    """The plan dict for one host (see RETURN)."""
+    try:
+        return compute_plan(inputs)
+    except MemoryPlanError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+class FilterModule(object):
+    """sparkops.appliance.memory_plan"""
+
+    def filters(self):
+        return {'memory_plan': memory_plan}

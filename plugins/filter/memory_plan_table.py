@@ -1,0 +1,65 @@
+# -*- coding: utf-8 -*-
+"""sparkops.appliance.memory_plan_table: the --no-launch view of memory plans."""
+
+from __future__ import (absolute_import, division, print_function)
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+name: memory_plan_table
+short_description: Render memory plans as a readable table, one column per host
+version_added: 0.1.0
+description:
+  - Rows are checkpoint, PLE size, KV dtype, MTP, context, concurrency, chunk, tensor
+    parallel, MemTotal, host reserve, and every figure of the plan, including whether the host
+    cap squeezed the KV target. Each warning follows the table on its own line.
+  - Formatting only; the figures come from P(sparkops.appliance.memory_plan#filter).
+options:
+  _input:
+    description: One plan, or a mapping host -> plan.
+    type: dict
+    required: true
+  sources:
+    description: Where each input came from (for example C(measured) or C(given)), per host
+      (host -> {input -> text}) or, for a single plan, input -> text.
+    type: dict
+author:
+  - sparkops team
+"""
+
+EXAMPLES = r"""
+- name: Print the plan of every host of the play
+  ansible.builtin.debug:
+    msg: "{{ plans | sparkops.appliance.memory_plan_table }}"
+  vars:
+    plans: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'spark_memory_plan'))) }}"
+  run_once: true
+"""
+
+RETURN = r"""
+_value:
+  description: The table's lines.
+  type: list
+  elements: str
+"""
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.sparkops.appliance.plugins.module_utils.memory_plan import (
+    MemoryPlanError,
+    plan_table,
+)
+
+
+def memory_plan_table(plans, sources=None):
+    """Table lines."""
+    try:
+        return plan_table(plans, sources)
+    except (MemoryPlanError, KeyError, TypeError) as exc:
+        raise AnsibleFilterError('memory_plan_table: cannot render %r: %s'
+                                 % (type(plans).__name__, exc)) from exc
+
+
+class FilterModule(object):
+    """sparkops.appliance.memory_plan_table"""
+
+    def filters(self):
+        return {'memory_plan_table': memory_plan_table}

@@ -1,0 +1,577 @@
+# -*- coding: utf-8 -*-
+"""The memory plan of a DGX Spark (SPEC section 3): GMU, KV budget, container cap.
+
+Pure Python, no Ansible imports, so the filter plugins, modules and tests share one
+implementation. Every error is a :class:`MemoryPlanError` (a ``ValueError``) whose message
+names the input and the ``memory_plan_*`` variable to change; the filter plugins turn it into
+``AnsibleFilterError``.
+
+Arithmetic is done in :mod:`decimal` with 60 significant digits. Float inputs enter through
+their shortest repr (``121.69`` is the decimal 121.69, not the binary double nearest to it),
+so every step of the SPEC formula is exact except ``budget / MemTotal``, which is divided
+with ``ROUND_FLOOR``. Therefore gmu is the largest multiple of 0.001 with
+``gmu * MemTotal <= budget``: a ratio that is exactly 0.786 stays 0.786 (binary floats give
+0.78599999... and floor it to 0.785), and no ratio is ever rounded up.
+"""
+
+from __future__ import (absolute_import, division, print_function)
+__metaclass__ = type
+
+import json
+import math
+import os
+from decimal import Context, Decimal, InvalidOperation, ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN
+
+GIB = Decimal(2 ** 30)
+PREC = 60
+_CTX = Context(prec=PREC, rounding=ROUND_HALF_EVEN)
+_FLOOR = Context(prec=PREC, rounding=ROUND_FLOOR)
+
+#: KV cache dtype -> factor on the BF16 per-token baseline.
+KV_DTYPE_MULT = {
+    'auto': Decimal('1.0'),
+    'bf16': Decimal('1.0'),
+    'bfloat16': Decimal('1.0'),
+    'fp8': Decimal('0.58'),
+    'fp8_e4m3': Decimal('0.58'),
+    'fp8_e5m2': Decimal('0.58'),
+}
+
+DEFAULT_TENSOR_PARALLEL_SIZE = 1
+DEFAULT_DOCKER_HEADROOM_GIB = Decimal(5)
+#: Per-node reserve for NCCL buffers, the Ray raylet/worker and transfer staging when TP > 1.
+DEFAULT_TP_COMM_RESERVE_GIB = Decimal(2)
+GMU_STEP = Decimal('0.001')
+
+VAR_PREFIX = 'memory_plan_'
+
+
+class MemoryPlanError(ValueError):
+    """An input the plan cannot use, or a plan vLLM would refuse."""
+
+
+# name: (kind, required, minimum, exclusive_minimum, what it is)
+INPUTS = {
+    'weight_bytes': ('int', True, 0, False, 'bytes of the local checkpoint directory'),
+    'ple_gib': ('num', True, 0, False, 'GiB of PLE tables served through mmap'),
+    'ple_bytes': ('int', False, 0, False, 'bytes of the packed PLE file (instead of ple_gib)'),
+    'mtp_enabled': ('bool', True, None, False, 'speculative decoding with the MTP head'),
+    'mtp_off_credit_gib': ('num', True, 0, False,
+                           'GiB of draft weights in the checkpoint not loaded when MTP is off'),
+    'overhead_gib': ('num', True, 0, False, 'runtime reserve in GiB'),
+    'mtp_gib': ('num', True, 0, False, 'reserve for the MTP module when on, GiB'),
+    'max_model_len': ('int', True, 1, False, 'context length in tokens'),
+    'kv_bytes_per_token': ('num', True, 0, True, 'BF16 KV bytes per token of the whole model'),
+    'kv_cache_dtype': ('dtype', True, None, False, 'vLLM --kv-cache-dtype'),
+    'kv_mult': ('num', False, 0, True, 'factor on the BF16 KV baseline (wins over the dtype)'),
+    'kv_target_gib': ('num', True, 0, False, 'desired KV pool in GiB'),
+    'mem_total_gib': ('num', True, 0, True, 'MemTotal as Linux reports it, GiB'),
+    'host_reserve_gib': ('num', True, 0, False,
+                         'GiB kept for the OS, CPU processes, PLE page cache and driver'),
+    'max_num_seqs': ('int', True, 1, False, 'vLLM --max-num-seqs'),
+    'tensor_parallel_size': ('int', False, 1, False, 'nodes one model is split across'),
+    'docker_headroom_gib': ('num', False, 0, False, 'container memory cap above the budget, GiB'),
+    'tp_comm_reserve_gib': ('num', False, 0, False,
+                            'per-node communication reserve when tensor_parallel_size > 1, GiB'),
+    'kv_split_across_tp': ('bool', False, None, False,
+                           'whether the given kv_bytes_per_token divides across TP ranks'),
+    'model_config': ('dict', False, None, False, "the checkpoint's parsed config.json"),
+    'max_num_batched_tokens': ('int', False, 1, False, 'prefill chunk (shown, not used)'),
+    'mtp_num_speculative_tokens': ('int', False, 0, False, 'MTP draft tokens (shown, not used)'),
+}
+
+_BOOL_WORDS = ('true', 'false', 'yes', 'no', 'on', 'off', 'y', 'n', 't', 'f')
+
+
+def _knob(name):
+    if name == 'model_config':
+        return "the checkpoint's config.json"
+    return VAR_PREFIX + name
+
+
+def _error(name, problem, fix=None):
+    msg = "memory_plan: input '%s' (%s) %s" % (name, _knob(name), problem)
+    if fix:
+        msg += ': ' + fix
+    return MemoryPlanError(msg)
+
+
+def _to_decimal(name, value):
+    """A finite Decimal from an int, float or numeric string; refuse everything else."""
+    if isinstance(value, bool):
+        raise _error(name, 'is the boolean %r, not a number' % (value,), 'give a number')
+    if isinstance(value, int):
+        return Decimal(int(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _error(name, 'is %r, not a finite number' % (value,), 'give a finite number')
+        return Decimal(float.__repr__(float(value)))
+    if isinstance(value, str):
+        text = str(value).strip()
+        if text.lower() in _BOOL_WORDS:
+            raise _error(name, 'is the string %r, a boolean-as-string, not a number' % (text,),
+                         'give a number')
+        try:
+            dec = Decimal(text)
+        except InvalidOperation:
+            dec = None
+        if dec is None or not dec.is_finite():
+            raise _error(name, 'is %r, not a number' % (text,), 'give a number')
+        return dec
+    raise _error(name, 'is %r (%s), not a number' % (value, type(value).__name__), 'give a number')
+
+
+def _check_input(name, value):
+    kind, _required, minimum, exclusive, what = INPUTS[name]
+    if kind == 'bool':
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+            raise _error(name, 'is the string %r, a boolean-as-string' % (str(value),),
+                         'write true or false unquoted in YAML, or pass extra vars as JSON '
+                         "(-e '{\"%s\": true}')" % _knob(name))
+        raise _error(name, 'is %r, not a boolean' % (value,), 'set it to true or false')
+    if kind == 'dtype':
+        if not isinstance(value, str) or str(value).strip().lower() not in KV_DTYPE_MULT:
+            raise _error('kv_cache_dtype', 'is %r, an unknown KV cache dtype' % (value,),
+                         'use one of %s (or set %skv_mult explicitly as well)'
+                         % (', '.join(sorted(KV_DTYPE_MULT)), VAR_PREFIX))
+        return str(value).strip().lower()
+    if kind == 'dict':
+        if not isinstance(value, dict):
+            raise _error(name, 'is %r, not a mapping' % (type(value).__name__,),
+                         'pass the parsed config.json (from_json)')
+        return value
+    dec = _to_decimal(name, value)
+    if kind == 'int' and dec != dec.to_integral_value():
+        raise _error(name, 'is %s, not a whole number' % (dec,), 'give a whole number')
+    if minimum is not None:
+        low = Decimal(minimum)
+        if dec < 0:
+            raise _error(name, 'is negative (%s)' % (dec,), 'give %s >= %s' % (what, minimum))
+        if dec < low or (exclusive and dec == low):
+            raise _error(name, 'is %s' % (dec,), 'give %s %s %s'
+                         % (what, '>' if exclusive else '>=', minimum))
+    if kind == 'int':
+        return int(dec)
+    return dec
+
+
+def normalize_inputs(raw):
+    """Check every input; return a dict of Decimals/ints/bools/str. ``None`` counts as absent."""
+    if not isinstance(raw, dict):
+        raise MemoryPlanError('memory_plan: the input must be a mapping of plan inputs, got %s'
+                              % type(raw).__name__)
+    unknown = sorted(str(k) for k in raw if k not in INPUTS)
+    if unknown:
+        raise MemoryPlanError('memory_plan: unknown input(s) %s; known inputs: %s'
+                              % (', '.join(unknown), ', '.join(sorted(INPUTS))))
+    given = dict((k, v) for k, v in raw.items() if v is not None)
+    out = {}
+    for name in INPUTS:
+        if name in given:
+            out[name] = _check_input(name, given[name])
+    # Alternatives: ple_bytes for ple_gib, model_config for kv_bytes_per_token.
+    if 'ple_gib' in out and 'ple_bytes' in out:
+        raise _error('ple_bytes', 'is given together with ple_gib', 'give only one of them')
+    if 'ple_bytes' in out:
+        out['ple_gib'] = _CTX.divide(Decimal(out.pop('ple_bytes')), GIB)
+    for name, spec in INPUTS.items():
+        if not spec[1] or name in out:
+            continue
+        if name == 'kv_bytes_per_token' and 'model_config' in out:
+            continue
+        raise _error(name, 'is missing', 'set %s (%s)' % (_knob(name), spec[4]))
+    out.setdefault('tensor_parallel_size', DEFAULT_TENSOR_PARALLEL_SIZE)
+    out.setdefault('docker_headroom_gib', DEFAULT_DOCKER_HEADROOM_GIB)
+    out.setdefault('tp_comm_reserve_gib', DEFAULT_TP_COMM_RESERVE_GIB)
+    out.setdefault('kv_split_across_tp', True)
+    return out
+
+
+def _floor_int(num, den):
+    return int(_FLOOR.divide(num, den).to_integral_value(rounding=ROUND_FLOOR))
+
+
+def _f(dec):
+    return float(dec)
+
+
+def compute_plan(raw):
+    """The SPEC section 3 plan (per node when tensor_parallel_size > 1).
+
+    Returns a dict of floats/ints/bools (see the filter's RETURN for each key); raises
+    MemoryPlanError for bad inputs and for a plan vLLM would refuse.
+    """
+    inp = normalize_inputs(raw)
+    tp = inp['tensor_parallel_size']
+    mtp = inp['mtp_enabled']
+
+    # Weights: checkpoint bytes less the PLE tables (mmap'd, not GPU-resident).
+    w = _CTX.subtract(_CTX.divide(Decimal(inp['weight_bytes']), GIB), inp['ple_gib'])
+    if w < 0:
+        raise _error('ple_gib', 'is %s GiB, more than the whole checkpoint (weight_bytes = %s GiB)'
+                     % (_fmt(inp['ple_gib']), _fmt(_CTX.divide(Decimal(inp['weight_bytes']), GIB))),
+                     'check memory_plan_weight_bytes and the PLE size')
+    if not mtp:
+        w = _CTX.subtract(w, min(inp['mtp_off_credit_gib'], max(w, Decimal(0))))
+    weights_total = w
+    w = _CTX.divide(w, Decimal(tp))
+    comm = inp['tp_comm_reserve_gib'] if tp > 1 else Decimal(0)
+    fixed = _CTX.add(_CTX.add(w, inp['overhead_gib']), comm)
+    if mtp:
+        fixed = _CTX.add(fixed, inp['mtp_gib'])
+
+    # KV per token on this node.
+    if 'kv_bytes_per_token' in inp:
+        kv_bpt_total = inp['kv_bytes_per_token']
+        if inp['kv_split_across_tp']:
+            kv_bpt = _CTX.divide(kv_bpt_total, Decimal(tp))
+        else:
+            kv_bpt = kv_bpt_total
+        kv_source = 'given'
+    else:
+        try:
+            kv_bpt_total = Decimal(kv_bytes_per_token_from_config(inp['model_config']))
+            kv_bpt = Decimal(kv_bytes_per_token_from_config(inp['model_config'], tp))
+        except MemoryPlanError as exc:
+            raise MemoryPlanError('%s; or set memory_plan_kv_bytes_per_token' % exc) from exc
+        kv_source = 'config.json'
+    if 'kv_mult' in inp:
+        kv_mult = inp['kv_mult']
+    else:
+        kv_mult = KV_DTYPE_MULT[inp['kv_cache_dtype']]
+    kv_token_bytes = _CTX.multiply(kv_bpt, kv_mult)
+    kv_need = _CTX.divide(_CTX.multiply(Decimal(inp['max_model_len']), kv_token_bytes), GIB)
+
+    wish = _CTX.add(fixed, max(kv_need, inp['kv_target_gib']))
+    mem_total = inp['mem_total_gib']
+    if inp['host_reserve_gib'] >= mem_total:
+        raise _error('host_reserve_gib', 'is %s GiB, not below MemTotal (mem_total_gib = %s GiB)'
+                     % (_fmt(inp['host_reserve_gib']), _fmt(mem_total)),
+                     'lower memory_plan_host_reserve_gib, or check MemTotal')
+    cap = _CTX.subtract(mem_total, inp['host_reserve_gib'])
+    budget_wanted = min(wish, cap)
+    squeezed = wish > cap
+
+    # gmu = floor(budget / MemTotal * 1000) / 1000, the division rounded towards -inf.
+    gmu_milli = _floor_int(_CTX.multiply(budget_wanted, Decimal(1000)), mem_total)
+    gmu = _CTX.divide(Decimal(gmu_milli), Decimal(1000))
+    budget = _CTX.multiply(gmu, mem_total)
+    kv_exp = _CTX.subtract(budget, fixed)
+    step_gib = _CTX.multiply(GMU_STEP, mem_total)
+
+    if kv_exp < kv_need:
+        _refuse_kv(inp, kv_exp, kv_need, kv_token_bytes, squeezed, step_gib, fixed, cap)
+
+    full_length_fit = _floor_int(kv_exp, kv_need)
+    max_len_fit = _floor_int(_CTX.multiply(kv_exp, GIB), kv_token_bytes)
+    docker_memory = _CTX.add(budget, inp['docker_headroom_gib'])
+
+    warnings = []
+    seqs = inp['max_num_seqs']
+    if _CTX.multiply(Decimal(seqs), kv_need) > kv_exp:
+        warnings.append(
+            'at most %d of %d sequences can be at max length at once: %d x kv_need %s GiB '
+            '> kv_exp %s GiB (max_num_seqs bounds concurrency, not full-length concurrency; '
+            'to make all fit lower memory_plan_max_num_seqs or memory_plan_max_model_len, or '
+            'raise memory_plan_kv_target_gib)'
+            % (full_length_fit, seqs, seqs, _fmt(kv_need), _fmt(kv_exp)))
+
+    plan = {
+        'weights_gib': _f(w),
+        'weights_total_gib': _f(weights_total),
+        'ple_gib': _f(inp['ple_gib']),
+        'fixed_gib': _f(fixed),
+        'comm_reserve_gib': _f(comm),
+        'kv_bytes_per_token': _f(kv_bpt),
+        'kv_bytes_per_token_source': kv_source,
+        'kv_mult': _f(kv_mult),
+        'kv_need_gib': _f(kv_need),
+        'kv_target_gib': _f(inp['kv_target_gib']),
+        'wish_gib': _f(wish),
+        'cap_gib': _f(cap),
+        'budget_gib': _f(budget),
+        'gmu': _f(gmu),
+        'gmu_step_gib': _f(step_gib),
+        'kv_exp_gib': _f(kv_exp),
+        'full_length_fit': full_length_fit,
+        'max_model_len_fit': max_len_fit,
+        'squeezed': squeezed,
+        'docker_memory_gib': _f(docker_memory),
+        'docker_memory_bytes': int(_CTX.multiply(docker_memory, GIB).to_integral_value(
+            rounding=ROUND_FLOOR)),
+        'kv_cache_memory_bytes': int(_CTX.multiply(kv_exp, GIB).to_integral_value(
+            rounding=ROUND_FLOOR)),
+        'warnings': warnings,
+        'inputs': _echo_inputs(inp, kv_mult),
+    }
+    return plan
+
+
+def _echo_inputs(inp, kv_mult):
+    out = {}
+    for name, value in inp.items():
+        if name == 'model_config':
+            continue
+        if isinstance(value, Decimal):
+            out[name] = _f(value)
+        else:
+            out[name] = value
+    out['kv_mult'] = _f(kv_mult)
+    return out
+
+
+def _fmt(dec, places=2):
+    return '%.*f' % (places, float(dec))
+
+
+def _refuse_kv(inp, kv_exp, kv_need, kv_token_bytes, squeezed, step_gib, fixed, cap):
+    short = _CTX.subtract(kv_need, kv_exp)
+    head = ('memory_plan: kv_exp %s GiB is %s GiB short of kv_need %s GiB, the KV of ONE '
+            'request of max_model_len %d tokens: vLLM would refuse to start. '
+            % (_fmt(kv_exp, 3), _fmt(short, 3), _fmt(kv_need, 3), inp['max_model_len']))
+    if not squeezed:
+        # The wish fitted under the cap: only gmu's round-down ate into a KV target at or
+        # below one request's KV. A target one gmu step above kv_need fixes it.
+        need = _CTX.add(kv_need, step_gib)
+        raise MemoryPlanError(
+            head + 'The host cap did not bind; rounding gmu down (one step = %s GiB) did. '
+            'Raise kv_target_gib (memory_plan_kv_target_gib) to at least %s GiB.'
+            % (_fmt(step_gib, 3), _fmt(need.quantize(Decimal('0.01'), rounding=ROUND_CEILING))))
+    if kv_exp > 0:
+        fit = _floor_int(_CTX.multiply(kv_exp, GIB), kv_token_bytes)
+        lower_len = 'lower max_model_len (memory_plan_max_model_len) to at most %d' % fit
+    else:
+        lower_len = ('nothing is left for KV at all: the fixed costs (%s GiB) exceed the cap '
+                     '(%s GiB)' % (_fmt(fixed), _fmt(cap)))
+    raise MemoryPlanError(
+        head + 'The host cap binds (cap = mem_total_gib - host_reserve_gib = %s GiB). To fit, %s; '
+        'or free %s GiB: lower host_reserve_gib (memory_plan_host_reserve_gib) or overhead_gib '
+        '(memory_plan_overhead_gib), use an fp8 kv_cache_dtype (memory_plan_kv_cache_dtype), '
+        'turn MTP off (memory_plan_mtp_enabled), or split the model with '
+        'memory_plan_tensor_parallel_size.'
+        % (_fmt(cap), lower_len, _fmt(short, 3)))
+
+
+# --------------------------------------------------------------------------------------------
+# KV bytes per token from a checkpoint's config.json
+# --------------------------------------------------------------------------------------------
+
+_FULL_ATTENTION_TYPES = ('full_attention', 'attention', 'global_attention', 'global')
+BF16_BYTES = 2
+
+
+def _text_config(config):
+    """Multimodal checkpoints nest the language model's config under text_config."""
+    for key in ('text_config', 'language_config', 'llm_config'):
+        sub = config.get(key)
+        if isinstance(sub, dict) and 'num_hidden_layers' in sub:
+            return sub
+    return config
+
+
+def _cfg_int(config, key, minimum=1):
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise MemoryPlanError(
+            "memory_plan: config.json key '%s' is %r, expected a whole number >= %d"
+            % (key, value, minimum))
+    return value
+
+
+def full_attention_layers(config):
+    """How many layers keep a KV entry for every token, and how that was found."""
+    cfg = _text_config(config)
+    layers = _cfg_int(cfg, 'num_hidden_layers')
+    types = cfg.get('layer_types')
+    if types is None:
+        types = cfg.get('layers_block_type')
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            raise MemoryPlanError(
+                "memory_plan: config.json 'layer_types' has %s entries for %d layers"
+                % (len(types) if isinstance(types, list) else type(types).__name__, layers))
+        owners = [str(t).lower() in _FULL_ATTENTION_TYPES for t in types]
+        how = 'layer_types'
+    elif cfg.get('full_attention_interval') is not None:
+        interval = _cfg_int(cfg, 'full_attention_interval')
+        owners = [(i + 1) % interval == 0 for i in range(layers)]
+        how = 'full_attention_interval'
+    elif cfg.get('attn_layer_period') is not None:
+        period = _cfg_int(cfg, 'attn_layer_period')
+        offset = _cfg_int(cfg, 'attn_layer_offset', minimum=0) \
+            if cfg.get('attn_layer_offset') is not None else 0
+        owners = [i % period == offset for i in range(layers)]
+        how = 'attn_layer_period'
+    else:
+        owners = [True] * layers
+        how = 'all layers'
+    # Gemma-3n style KV sharing: the last num_kv_shared_layers reuse earlier layers' cache.
+    shared = cfg.get('num_kv_shared_layers') or 0
+    if shared:
+        shared = _cfg_int(cfg, 'num_kv_shared_layers', minimum=0)
+        owners = owners[:max(layers - shared, 0)]
+        how += ', %d KV-shared layers' % shared
+    return sum(1 for o in owners if o), how
+
+
+def kv_bytes_per_token_from_config(config, tensor_parallel_size=1):
+    """BF16 KV bytes per token of one rank of a model, from its parsed config.json.
+
+    - standard attention: 2 (K and V) x layers x kv_heads x head_dim x 2 bytes;
+    - hybrid models count only full-attention layers (layer_types, layers_block_type,
+      full_attention_interval, attn_layer_period/offset); sliding-window and linear/recurrent
+      layers hold a bounded state per request, not a per-token entry;
+    - latent attention (DeepSeek-style MLA, kv_lora_rank + qk_rope_head_dim): one latent
+      vector per layer and token, 1 x layers x (kv_lora_rank + qk_rope_head_dim) x 2 bytes;
+    - tensor parallel: KV heads split across ranks (a rank keeps at least one head, replicated
+      when kv_heads < TP); the MLA latent is not split, every rank keeps all of it.
+    """
+    if not isinstance(config, dict):
+        raise MemoryPlanError('memory_plan: the model config must be a mapping (config.json)')
+    if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) \
+            or tensor_parallel_size < 1:
+        raise MemoryPlanError('memory_plan: tensor_parallel_size must be a whole number >= 1, '
+                              'got %r' % (tensor_parallel_size,))
+    cfg = _text_config(config)
+    layers, _how = full_attention_layers(config)
+    if cfg.get('kv_lora_rank') is not None:
+        rank = _cfg_int(cfg, 'kv_lora_rank')
+        rope = _cfg_int(cfg, 'qk_rope_head_dim', minimum=0)
+        return layers * (rank + rope) * BF16_BYTES
+    heads = _cfg_int(cfg, 'num_attention_heads')
+    kv_heads = cfg.get('num_key_value_heads')
+    kv_heads = heads if kv_heads is None else _cfg_int(cfg, 'num_key_value_heads')
+    if cfg.get('head_dim') is not None:
+        head_dim = _cfg_int(cfg, 'head_dim')
+    else:
+        hidden = _cfg_int(cfg, 'hidden_size')
+        if hidden % heads:
+            raise MemoryPlanError('memory_plan: config.json hidden_size %d is not a multiple of '
+                                  'num_attention_heads %d and head_dim is absent' % (hidden, heads))
+        head_dim = hidden // heads
+    per_rank_heads = max(kv_heads // tensor_parallel_size, 1)
+    if kv_heads > tensor_parallel_size and kv_heads % tensor_parallel_size:
+        raise MemoryPlanError('memory_plan: %d KV heads do not split evenly across '
+                              'tensor_parallel_size %d' % (kv_heads, tensor_parallel_size))
+    return 2 * layers * per_rank_heads * head_dim * BF16_BYTES
+
+
+def kv_bytes_per_token_from_file(path, tensor_parallel_size=1):
+    """Read a checkpoint's config.json (a file, or a directory holding one)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, 'config.json')
+    try:
+        with open(path, 'r') as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise MemoryPlanError('memory_plan: cannot read the model config %s: %s' % (path, exc)) from exc
+    return kv_bytes_per_token_from_config(config, tensor_parallel_size)
+
+
+# --------------------------------------------------------------------------------------------
+# /proc/meminfo
+# --------------------------------------------------------------------------------------------
+
+def parse_meminfo(text):
+    """/proc/meminfo text -> {field: GiB as float} for the fields given in kB."""
+    out = {}
+    for line in str(text).splitlines():
+        if ':' not in line:
+            continue
+        key, rest = line.split(':', 1)
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == 'kB' and parts[0].isdigit():
+            out[key.strip()] = float(_CTX.divide(Decimal(int(parts[0])), Decimal(1024 * 1024)))
+    if 'MemTotal' not in out:
+        raise MemoryPlanError('memory_plan: no MemTotal line in the meminfo text; set '
+                              'memory_plan_mem_total_gib')
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The --no-launch table
+# --------------------------------------------------------------------------------------------
+
+def _cell(value, places=2):
+    if isinstance(value, bool):
+        return 'yes' if value else 'no'
+    if isinstance(value, float):
+        return '%.*f' % (places, value)
+    if value is None:
+        return '-'
+    return str(value)
+
+
+def plan_rows(plan, sources=None):
+    """(label, value) rows of one host's plan, in reading order."""
+    sources = sources or {}
+    inp = plan.get('inputs', {})
+
+    def src(key):
+        return ' (%s)' % sources[key] if sources.get(key) else ''
+
+    mtp = 'on' if inp.get('mtp_enabled') else 'off'
+    if inp.get('mtp_enabled') and inp.get('mtp_num_speculative_tokens') is not None:
+        mtp += ', %d draft tokens' % inp['mtp_num_speculative_tokens']
+    dtype = '%s (x%s)' % (inp.get('kv_cache_dtype', '-'), _cell(plan['kv_mult']))
+    ckpt_bytes = inp.get('weight_bytes', 0)
+    if ckpt_bytes >= 2 ** 30:
+        ckpt = '%s GiB' % _cell(ckpt_bytes / 2.0 ** 30)
+    else:
+        ckpt = '%s MiB' % _cell(ckpt_bytes / 2.0 ** 20, 1)
+    return [
+        ('checkpoint dir', sources.get('checkpoint_dir') or '-'),
+        ('checkpoint', ckpt + src('weight_bytes')),
+        ('PLE GiB', _cell(plan['ple_gib']) + src('ple_gib')),
+        ('KV dtype', dtype),
+        ('MTP', mtp),
+        ('context (max_model_len)', _cell(inp.get('max_model_len'))),
+        ('concurrency (max_num_seqs)', _cell(inp.get('max_num_seqs'))),
+        ('chunk (max_num_batched_tokens)', _cell(inp.get('max_num_batched_tokens'))),
+        ('tensor parallel', _cell(inp.get('tensor_parallel_size'))),
+        ('MemTotal GiB', _cell(inp.get('mem_total_gib')) + src('mem_total_gib')),
+        ('host reserve GiB', _cell(inp.get('host_reserve_gib'))),
+        ('weights w GiB (per node)', _cell(plan['weights_gib'])),
+        ('fixed GiB', _cell(plan['fixed_gib'])),
+        ('KV bytes/token (node, bf16)', '%s%s' % (_cell(plan['kv_bytes_per_token'], 1),
+                                                  src('kv_bytes_per_token'))),
+        ('kv_need GiB (1 max-len req)', _cell(plan['kv_need_gib'], 3)),
+        ('KV target GiB', _cell(plan['kv_target_gib'])),
+        ('wish GiB', _cell(plan['wish_gib'])),
+        ('cap GiB', _cell(plan['cap_gib'])),
+        ('budget GiB', _cell(plan['budget_gib'])),
+        ('gmu', _cell(plan['gmu'], 3)),
+        ('kv_exp GiB', _cell(plan['kv_exp_gib'])),
+        ('full-length requests at once', _cell(plan['full_length_fit'])),
+        ('squeezed by host cap', _cell(plan['squeezed'])),
+        ('docker --memory GiB', _cell(plan['docker_memory_gib'])),
+        ('kv-cache-memory-bytes', _cell(plan['kv_cache_memory_bytes'])),
+        ('warnings', str(len(plan.get('warnings', [])))),
+    ]
+
+
+def plan_table(plans, sources=None):
+    """Lines of a table: one column per host. ``plans`` is {host: plan} or a single plan."""
+    if isinstance(plans, dict) and 'gmu' in plans:
+        plans = {'plan': plans}
+        sources = {'plan': sources or {}}
+    if not isinstance(plans, dict) or not plans:
+        raise MemoryPlanError('memory_plan_table: expected a plan or a non-empty '
+                              '{host: plan} mapping')
+    sources = sources or {}
+    hosts = sorted(plans)
+    columns = [plan_rows(plans[h], sources.get(h)) for h in hosts]
+    labels = [label for label, _v in columns[0]]
+    label_w = max(len(x) for x in labels)
+    widths = [max([len(h)] + [len(v) for _l, v in col]) for h, col in zip(hosts, columns)]
+    lines = [' | '.join(['host'.ljust(label_w)] + [h.rjust(w) for h, w in zip(hosts, widths)])]
+    lines.append('-+-'.join(['-' * label_w] + ['-' * w for w in widths]))
+    for i, label in enumerate(labels):
+        lines.append(' | '.join([label.ljust(label_w)]
+                                + [col[i][1].rjust(w) for col, w in zip(columns, widths)]))
+    for h in hosts:
+        for text in plans[h].get('warnings', []):
+            lines.append('WARNING %s: %s' % (h, text))
+    return lines
