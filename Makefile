@@ -18,6 +18,7 @@ LAB_IMAGE = $(shell lab/image/tag.sh)
 lab: deps lab-image
 	ansible-playbook -i $(LAB_INVENTORY) lab/lab.yml -e lab_image=$(LAB_IMAGE)
 	ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml
+	ansible-playbook -i $(LAB_INVENTORY) playbooks/plan.yml
 
 ## make lab-down: remove the lab Sparks, their serving containers and the lab network
 lab-down: deps

@@ -9,12 +9,13 @@ __metaclass__ = type
 GIB = 2 ** 30
 
 
-def parse_meminfo(text):
+def parse_meminfo(text, with_counts=True):
     """Return {field: bytes} for each line of a /proc/meminfo text.
 
     Lines look like ``MemTotal:       127601232 kB``; values in kB are kibibytes. Fields without a
-    unit (HugePages_Total) are returned as plain counts. Lines that do not parse raise ValueError
-    naming the line, since a silently missing MemTotal would make a wrong memory plan.
+    unit (HugePages_Total) are returned as plain counts, or left out with ``with_counts=False``.
+    Lines that do not parse raise ValueError naming the line, since a silently missing MemTotal
+    would make a wrong memory plan.
     """
     fields = {}
     for number, line in enumerate(text.splitlines(), 1):
@@ -32,6 +33,8 @@ def parse_meminfo(text):
             if parts[1] != "kB":
                 raise ValueError("meminfo line %d has an unknown unit: %r" % (number, line))
             value *= 1024
+        elif not with_counts:
+            continue
         fields[name.strip()] = value
     return fields
 

@@ -22,6 +22,10 @@ import math
 import os
 from decimal import Context, Decimal, InvalidOperation, ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN
 
+from ansible_collections.sparkops.appliance.plugins.module_utils._meminfo import (
+    parse_meminfo as _parse_meminfo_bytes,
+)
+
 GIB = Decimal(2 ** 30)
 PREC = 60
 _CTX = Context(prec=PREC, rounding=ROUND_HALF_EVEN)
@@ -476,18 +480,14 @@ def kv_bytes_per_token_from_file(path, tensor_parallel_size=1):
 
 def parse_meminfo(text):
     """/proc/meminfo text -> {field: GiB as float} for the fields given in kB."""
-    out = {}
-    for line in str(text).splitlines():
-        if ':' not in line:
-            continue
-        key, rest = line.split(':', 1)
-        parts = rest.split()
-        if len(parts) == 2 and parts[1] == 'kB' and parts[0].isdigit():
-            out[key.strip()] = float(_CTX.divide(Decimal(int(parts[0])), Decimal(1024 * 1024)))
-    if 'MemTotal' not in out:
+    try:
+        fields = _parse_meminfo_bytes(str(text), with_counts=False)
+    except ValueError as exc:
+        raise MemoryPlanError('memory_plan: %s; fix the file or set memory_plan_mem_total_gib' % exc)
+    if 'MemTotal' not in fields:
         raise MemoryPlanError('memory_plan: no MemTotal line in the meminfo text; set '
                               'memory_plan_mem_total_gib')
-    return out
+    return dict((key, float(_CTX.divide(Decimal(value), GIB))) for key, value in fields.items())
 
 
 # --------------------------------------------------------------------------------------------
