@@ -473,6 +473,8 @@ def fetch_file(source, rel, dest_root, size, sha256, progress=None, retries=3, r
             os.unlink(part)
             raise CheckpointError("%s: sha256 mismatch after transfer from %s: expected %s, actual %s "
                                   "(the partial file was removed)" % (dest, source.describe(rel), sha256, actual))
+        if not os.path.exists(part):  # an empty file: nothing was written
+            open(part, "wb").close()
         os.replace(part, dest)
         return transferred
 
