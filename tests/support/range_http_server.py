@@ -10,6 +10,7 @@ cannot show a resumed download.
   GET /_control/reset              clear the stats
   GET /_control/drop?path=P&after=N  the next GET of P sends N body bytes, then closes the connection
   GET /_control/norange?path=P     the server ignores Range for P (answers 200 with the whole file)
+  GET /_control/rate?bps=N         send at most N body bytes per second per request (0 = no limit)
 
 Usage: range_http_server.py --root DIR [--bind 127.0.0.1] [--port 8000]
 """
@@ -18,6 +19,7 @@ import json
 import os
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -30,6 +32,7 @@ class State(object):
         self.requests = []
         self.drops = {}
         self.norange = set()
+        self.rate = 0
 
     def reset(self):
         with self.lock:
@@ -66,6 +69,10 @@ class Handler(BaseHTTPRequestHandler):
             with st.lock:
                 st.drops[q["path"]] = int(q["after"])
             return self._json({"ok": True})
+        if url.path == "/_control/rate":
+            with st.lock:
+                st.rate = int(q["bps"])
+            return self._json({"ok": True})
         if url.path == "/_control/norange":
             with st.lock:
                 st.norange.add(q["path"])
@@ -80,6 +87,7 @@ class Handler(BaseHTTPRequestHandler):
             st.requests.append([rel, rng])
             drop = st.drops.pop(rel, None)
             ignore_range = rel in st.norange
+            rate = st.rate
         start, end = 0, size - 1
         m = re.match(r"bytes=(\d+)-(\d*)$", rng or "")
         if m and not ignore_range:
@@ -102,14 +110,19 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         limit = length if drop is None else min(drop, length)
         sent = 0
+        began = time.monotonic()
         with open(full, "rb") as f:
             f.seek(start)
             while sent < limit:
-                b = f.read(min(1 << 20, limit - sent))
+                b = f.read(min(1 << 18, limit - sent))
                 if not b:
                     break
                 self.wfile.write(b)
                 sent += len(b)
+                if rate:
+                    ahead = sent / rate - (time.monotonic() - began)
+                    if ahead > 0:
+                        time.sleep(ahead)
         with st.lock:
             st.bytes[rel] = st.bytes.get(rel, 0) + sent
         if drop is not None:
