@@ -1,0 +1,480 @@
+# -*- coding: utf-8 -*-
+"""Checkpoint manifests, parallel verification, fingerprints and resumable transfers.
+
+Shared by the checkpoint_verify and checkpoint_fetch modules (private: the API may change).
+
+A manifest is JSON: {"version": 1, "revision": str|null, "files": [{"path", "size", "sha256"}]}
+with POSIX relative paths. A fingerprint records the manifest's digest and every file's size and
+mtime after a successful full verification, so a later run that finds the same sizes, mtimes and
+manifest can skip re-hashing.
+"""
+
+from __future__ import (absolute_import, division, print_function)
+__metaclass__ = type
+
+import hashlib
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+MANIFEST_VERSION = 1
+MANIFEST_NAME = ".sparkops-manifest.json"
+FINGERPRINT_NAME = ".sparkops-fingerprint.json"
+PART_SUFFIX = ".part"
+CHUNK = 8 * 1024 * 1024
+GIB = 1 << 30
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+# Never part of a checkpoint: our own metadata, partial transfers, Hugging Face's local cache.
+_SKIP_DIRS = (".cache",)
+
+
+class CheckpointError(Exception):
+    """A checkpoint problem with a message fit for the user."""
+
+
+def fmt_bytes(n):
+    if n >= GIB:
+        return "%.2f GiB" % (n / GIB)
+    if n >= 1 << 20:
+        return "%.1f MiB" % (n / (1 << 20))
+    return "%d B" % n
+
+
+def auto_workers(n_files, workers=0):
+    """Threads for hashing: one per file up to the CPU count (hashlib releases the GIL)."""
+    if workers and workers > 0:
+        return max(1, min(workers, max(n_files, 1)))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, max(n_files, 1)))
+
+
+def safe_join(root, rel):
+    """Join a manifest path to root, refusing absolute paths and escapes."""
+    if not rel or rel.startswith("/") or "\\" in rel:
+        raise CheckpointError("manifest path %r is not a relative POSIX path" % rel)
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise CheckpointError("manifest path %r must not contain empty, '.' or '..' parts" % rel)
+    return os.path.join(root, *parts)
+
+
+def sha256_file(path, chunk=CHUNK, on_bytes=None):
+    """Return (size, hex sha256) of a file, read in large chunks into one reused buffer."""
+    h = hashlib.sha256()
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            size += n
+            if on_bytes is not None:
+                on_bytes(n)
+    return size, h.hexdigest()
+
+
+def hash_files(root, rel_paths, workers=0, on_bytes=None):
+    """Hash files in parallel threads; return {rel: (size, sha256)}. Largest files start first."""
+    paths = list(rel_paths)
+    if not paths:
+        return {}
+    sized = sorted(paths, key=lambda r: -os.path.getsize(safe_join(root, r)))
+    n = auto_workers(len(sized), workers)
+    if n == 1:
+        return dict((r, sha256_file(safe_join(root, r), on_bytes=on_bytes)) for r in sized)
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [(r, pool.submit(sha256_file, safe_join(root, r), CHUNK, on_bytes)) for r in sized]
+        return dict((r, fut.result()) for r, fut in futures)
+
+
+def list_files(root, exclude=()):
+    """Relative POSIX paths of the regular files under root, without our metadata and partials."""
+    skip = set([MANIFEST_NAME, FINGERPRINT_NAME]) | set(exclude)
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir == ".":
+            dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+            rel_dir = ""
+        dirnames.sort()
+        for name in filenames:
+            rel = (rel_dir.replace(os.sep, "/") + "/" + name) if rel_dir else name
+            if rel in skip or name.endswith(PART_SUFFIX):
+                continue
+            if os.path.isfile(os.path.join(dirpath, name)):
+                out.append(rel)
+    return sorted(out)
+
+
+def build_manifest(root, workers=0, revision=None, on_bytes=None):
+    rels = list_files(root)
+    if not rels:
+        raise CheckpointError("no files under %s to build a manifest from" % root)
+    hashed = hash_files(root, rels, workers, on_bytes)
+    files = [{"path": r, "size": hashed[r][0], "sha256": hashed[r][1]} for r in rels]
+    return {"version": MANIFEST_VERSION, "revision": revision, "files": files}
+
+
+def validate_manifest(data, origin="manifest"):
+    """Check a parsed manifest and return it normalised; raise CheckpointError naming the problem."""
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        raise CheckpointError("%s: expected a JSON object with a 'files' list" % origin)
+    if data.get("version", MANIFEST_VERSION) != MANIFEST_VERSION:
+        raise CheckpointError("%s: unsupported manifest version %r" % (origin, data.get("version")))
+    seen = set()
+    files = []
+    for i, entry in enumerate(data["files"]):
+        if not isinstance(entry, dict):
+            raise CheckpointError("%s: files[%d] is not an object" % (origin, i))
+        rel, size, sha = entry.get("path"), entry.get("size"), entry.get("sha256")
+        if not isinstance(rel, str):
+            raise CheckpointError("%s: files[%d].path must be a string" % (origin, i))
+        safe_join("/", rel)
+        if rel in seen:
+            raise CheckpointError("%s: %s is listed twice" % (origin, rel))
+        seen.add(rel)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise CheckpointError("%s: %s: size must be a non-negative integer, got %r" % (origin, rel, size))
+        if not isinstance(sha, str) or not _SHA_RE.match(sha.lower()):
+            raise CheckpointError("%s: %s: sha256 must be 64 hex digits, got %r" % (origin, rel, sha))
+        files.append({"path": rel, "size": size, "sha256": sha.lower()})
+    if not files:
+        raise CheckpointError("%s: the 'files' list is empty" % origin)
+    revision = data.get("revision")
+    return {"version": MANIFEST_VERSION, "revision": revision, "files": sorted(files, key=lambda e: e["path"])}
+
+
+def parse_manifest(text, origin="manifest"):
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise CheckpointError("%s is not valid JSON: %s" % (origin, e))
+    return validate_manifest(data, origin)
+
+
+def dump_manifest(manifest):
+    return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+
+
+def manifest_digest(manifest):
+    canon = json.dumps(manifest["files"], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
+def total_bytes(manifest):
+    return sum(e["size"] for e in manifest["files"])
+
+
+def verify_tree(root, manifest, workers=0, on_bytes=None):
+    """Compare root to the manifest. Sizes are checked first (cheap), then only files of the right
+    size are hashed, in parallel. Returns a list of problems: (path, what, expected, actual)."""
+    problems = []
+    to_hash = []
+    for e in manifest["files"]:
+        p = safe_join(root, e["path"])
+        if not os.path.isfile(p):
+            problems.append((e["path"], "missing", e["size"], None))
+            continue
+        size = os.path.getsize(p)
+        if size != e["size"]:
+            problems.append((e["path"], "size", e["size"], size))
+        else:
+            to_hash.append(e["path"])
+    hashed = hash_files(root, to_hash, workers, on_bytes)
+    for e in manifest["files"]:
+        if e["path"] in hashed and hashed[e["path"]][1] != e["sha256"]:
+            problems.append((e["path"], "sha256", e["sha256"], hashed[e["path"]][1]))
+    return problems
+
+
+def describe_problems(root, problems, limit=10):
+    lines = []
+    for rel, what, expected, actual in problems[:limit]:
+        path = os.path.join(root, rel)
+        if what == "missing":
+            lines.append("%s: missing (expected %d bytes)" % (path, expected))
+        elif what == "size":
+            lines.append("%s: size mismatch: expected %d bytes, actual %d" % (path, expected, actual))
+        else:
+            lines.append("%s: sha256 mismatch: expected %s, actual %s" % (path, expected, actual))
+    if len(problems) > limit:
+        lines.append("... and %d more" % (len(problems) - limit))
+    return "; ".join(lines)
+
+
+def fingerprint(root, manifest):
+    """Sizes and mtimes (ns) of the manifest's files plus the manifest digest; None if a file is gone."""
+    files = []
+    for e in manifest["files"]:
+        try:
+            st = os.stat(safe_join(root, e["path"]))
+        except OSError:
+            return None
+        files.append([e["path"], st.st_size, st.st_mtime_ns])
+    return {"version": 1, "manifest_sha256": manifest_digest(manifest), "files": files}
+
+
+def dump_fingerprint(fp):
+    return json.dumps(fp, indent=1, sort_keys=True) + "\n"
+
+
+def read_text(path):
+    try:
+        with open(path, "r") as f:
+            return f.read()
+    except (IOError, OSError):
+        return None
+
+
+def atomic_write(path, text, mode=0o644):
+    """Write a small file through a temp file in the same directory and a rename."""
+    d = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class Progress(object):
+    """Bytes done / total, written (atomically, at most every `interval` s) to a JSON file that a
+    polling task can read while the transfer runs, e.g. {"done":..,"total":..,"text":"1.0 GiB of ..."}."""
+
+    def __init__(self, path, total, interval=1.0, clock=time.monotonic):
+        self.path = path
+        self.total = total
+        self.done = 0
+        self.file = None
+        self.interval = interval
+        self.clock = clock
+        self.start = clock()
+        self._last = None
+        self.state = "running"
+
+    def text(self):
+        pct = (100.0 * self.done / self.total) if self.total else 100.0
+        el = max(self.clock() - self.start, 1e-9)
+        rate = self.done / el
+        s = "%s of %s (%.1f%%), %s/s" % (fmt_bytes(self.done), fmt_bytes(self.total), pct, fmt_bytes(rate))
+        if self.file and self.state == "running":
+            s += ", now %s" % self.file
+        if self.state != "running":
+            s += ", " + self.state
+        return s
+
+    def write(self, force=False):
+        if not self.path:
+            return
+        now = self.clock()
+        if not force and self._last is not None and now - self._last < self.interval:
+            return
+        self._last = now
+        data = {"done": self.done, "total": self.total, "file": self.file, "state": self.state,
+                "text": self.text()}
+        try:
+            atomic_write(self.path, json.dumps(data) + "\n")
+        except (IOError, OSError):
+            pass  # progress is best effort; never fail a transfer because of it
+
+    def add(self, n):
+        self.done += n
+        self.write()
+
+    def finish(self, state="done"):
+        self.state = state
+        self.write(force=True)
+
+
+def free_space_check(dest, need_bytes, reserve_bytes):
+    """Return (ok, free, nearest existing ancestor of dest)."""
+    probe = os.path.abspath(dest)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    st = os.statvfs(probe)
+    free = st.f_bavail * st.f_frsize
+    return free >= need_bytes + reserve_bytes, free, probe
+
+
+# --- sources -----------------------------------------------------------------------------------
+
+class FileSource(object):
+    """A local or NFS directory."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def describe(self, rel):
+        return os.path.join(self.root, rel)
+
+    def open(self, rel, offset):
+        """Return (stream, start): the stream yields bytes from `start` (offset when it can seek)."""
+        path = safe_join(self.root, rel)
+        if not os.path.isfile(path):
+            raise CheckpointError("%s is listed in the manifest but missing in the source" % path)
+        f = open(path, "rb")
+        f.seek(offset)
+        return f, offset
+
+
+class HttpSource(object):
+    """An HTTP(S) base URL; resumes with Range requests (falls back to a full GET on 200)."""
+
+    def __init__(self, base_url, headers=None, timeout=60, validate_certs=True):
+        self.base = base_url.rstrip("/")
+        self.headers = dict(headers or {})
+        self.timeout = timeout
+        self.validate_certs = validate_certs
+
+    def url(self, rel):
+        from ansible.module_utils.six.moves.urllib.parse import quote
+        return self.base + "/" + quote(rel)
+
+    def describe(self, rel):
+        return self.url(rel)
+
+    def get(self, url, offset=0):
+        from ansible.module_utils.urls import open_url
+        headers = dict(self.headers)
+        if offset:
+            headers["Range"] = "bytes=%d-" % offset
+        return open_url(url, headers=headers, timeout=self.timeout, validate_certs=self.validate_certs,
+                        follow_redirects="safe" if not self.headers else "urllib2")
+
+    def open(self, rel, offset):
+        from ansible.module_utils.six.moves.urllib.error import HTTPError
+        try:
+            resp = self.get(self.url(rel), offset)
+        except HTTPError as e:
+            if e.code in (408, 429) or e.code >= 500:
+                raise ConnectionError("HTTP %d from %s" % (e.code, self.url(rel)))
+            raise CheckpointError("HTTP %d %s from %s" % (e.code, e.reason, self.url(rel)))
+        status = resp.getcode()
+        if offset and status == 206:
+            cr = resp.headers.get("Content-Range", "")
+            m = re.match(r"bytes (\d+)-", cr)
+            if not m or int(m.group(1)) != offset:
+                resp.close()
+                raise CheckpointError("%s: bad Content-Range %r for a request from byte %d" % (self.url(rel), cr, offset))
+            return resp, offset
+        return resp, 0
+
+    def read_text(self, url):
+        resp = self.get(url)
+        try:
+            return resp.read().decode("utf-8")
+        finally:
+            resp.close()
+
+
+def _interruptions():
+    import http.client
+    errs = [socket.timeout, socket.error, ConnectionError, http.client.HTTPException, OSError]
+    try:
+        from ansible.module_utils.six.moves.urllib.error import URLError
+        errs.insert(0, URLError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def fetch_file(source, rel, dest_root, size, sha256, progress=None, retries=3, retry_delay=1.0,
+               sleep=time.sleep):
+    """Transfer one file into <dest>.part, resuming from what the .part holds, then rename it into
+    place when size and sha256 match. The existing .part is hashed from disk, not fetched again.
+    Returns the number of bytes transferred from the source."""
+    dest = safe_join(dest_root, rel)
+    part = dest + PART_SUFFIX
+    d = os.path.dirname(dest)
+    if not os.path.isdir(d):
+        os.makedirs(d)
+    transferred = 0
+    attempt = 0
+    interrupts = _interruptions()
+    if progress is not None:
+        progress.file = rel
+    counted = 0  # bytes of this file already counted in progress
+    while True:
+        h = hashlib.sha256()
+        have = os.path.getsize(part) if os.path.exists(part) else 0
+        if have > size:
+            os.unlink(part)
+            have = 0
+        if have:
+            # hash what we already hold (read from local disk, not from the source)
+            with open(part, "rb") as f:
+                while True:
+                    b = f.read(CHUNK)
+                    if not b:
+                        break
+                    h.update(b)
+        if progress is not None and have > counted:
+            progress.add(have - counted)
+            counted = have
+        try:
+            if have < size:
+                stream, start = source.open(rel, have)
+                try:
+                    if start != have:  # the source ignored the Range request: start over
+                        h = hashlib.sha256()
+                        if progress is not None:
+                            progress.done -= counted
+                            counted = 0
+                        have = 0
+                    with open(part, "r+b" if have else "wb") as out:
+                        out.seek(have)
+                        out.truncate()
+                        while have < size:
+                            b = stream.read(min(CHUNK, size - have))
+                            if not b:
+                                break
+                            out.write(b)
+                            h.update(b)
+                            have += len(b)
+                            transferred += len(b)
+                            counted += len(b)
+                            if progress is not None:
+                                progress.add(len(b))
+                        out.flush()
+                        os.fsync(out.fileno())
+                finally:
+                    stream.close()
+                if have < size:
+                    raise ConnectionError("the source closed after %d of %d bytes" % (have, size))
+        except CheckpointError:
+            raise
+        except interrupts as e:
+            attempt += 1
+            if attempt > retries:
+                raise CheckpointError(
+                    "transfer of %s interrupted at %d of %d bytes after %d attempt(s) (%s); the "
+                    "bytes so far are kept in %s: run again to resume" % (
+                        source.describe(rel), have, size, attempt, e, part))
+            sleep(retry_delay)
+            continue
+        actual = h.hexdigest()
+        if actual != sha256:
+            os.unlink(part)
+            raise CheckpointError("%s: sha256 mismatch after transfer from %s: expected %s, actual %s "
+                                  "(the partial file was removed)" % (dest, source.describe(rel), sha256, actual))
+        if not os.path.exists(part):  # an empty file: nothing was written
+            open(part, "wb").close()
+        os.replace(part, dest)
+        return transferred
+

@@ -1,0 +1,250 @@
+"""checkpoint_fetch and checkpoint_verify: check mode with diff, for real, and again."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from support_checkpoint import SHARDS, flip_byte, http_server, src_dir  # noqa: E402,F401
+
+from ansible.module_utils import basic  # noqa: E402
+from ansible.module_utils.testing import patch_module_args  # noqa: E402
+from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
+from ansible_collections.sparkops.appliance.plugins.modules import checkpoint_fetch, checkpoint_verify  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+
+
+class Exit(Exception):
+    def __init__(self, failed, result):
+        super().__init__(result.get("msg"))
+        self.failed = failed
+        self.result = result
+
+
+def run_module(mod, args, check=False, diff=True):
+    args = dict(args, _ansible_check_mode=check, _ansible_diff=diff)
+
+    def exit_json(self, **kw):
+        raise Exit(False, kw)
+
+    def fail_json(self, msg, **kw):
+        kw["msg"] = msg
+        raise Exit(True, kw)
+
+    with patch_module_args(args):
+        orig = (basic.AnsibleModule.exit_json, basic.AnsibleModule.fail_json)
+        basic.AnsibleModule.exit_json, basic.AnsibleModule.fail_json = exit_json, fail_json
+        try:
+            mod.main()
+        except Exit as e:
+            return e
+        finally:
+            basic.AnsibleModule.exit_json, basic.AnsibleModule.fail_json = orig
+    raise AssertionError("module did not exit")
+
+
+def ok(mod, args, **kw):
+    e = run_module(mod, args, **kw)
+    assert not e.failed, e.result.get("msg")
+    return e.result
+
+
+def publish_manifest(src_dir):
+    """What a publisher does: a manifest beside the files."""
+    m = ck.build_manifest(src_dir, revision="r1")
+    with open(os.path.join(src_dir, ck.MANIFEST_NAME), "w") as f:
+        f.write(ck.dump_manifest(m))
+    return m
+
+
+def tree(root):
+    out = {}
+    for dirpath, _d, names in os.walk(root):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            out[os.path.relpath(p, root)] = open(p, "rb").read()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["http", "path"])
+def test_fetch_check_real_again(kind, src_dir, http_server, tmp_path):
+    manifest = publish_manifest(src_dir)
+    dest = str(tmp_path / "dest" / "model")
+    progress = str(tmp_path / "progress.json")
+    args = {"src": http_server.base if kind == "http" else src_dir, "dest": dest,
+            "progress_file": progress, "reserve_gib": 0.001}
+
+    check = ok(checkpoint_fetch, args, check=True)
+    assert check["changed"] and sorted(check["missing"]) == sorted(SHARDS)
+    assert check["total_bytes"] == sum(SHARDS.values())
+    assert check["diff"]["before"] == {"files": "", "manifest": ""}
+    assert "model-00001-of-00002.safetensors %d\n" % SHARDS["model-00001-of-00002.safetensors"] \
+        in check["diff"]["after"]["files"]
+    assert not os.path.exists(dest) and not os.path.exists(progress)
+
+    real = ok(checkpoint_fetch, args)
+    assert real["changed"] and real["diff"] == check["diff"]
+    assert real["transferred_bytes"] == sum(SHARDS.values())
+    assert tree(dest) == tree(src_dir)  # same files, same bytes, and the manifest
+    assert json.load(open(os.path.join(dest, ck.MANIFEST_NAME))) == manifest
+    prog = json.load(open(progress))
+    assert prog["done"] == prog["total"] == sum(SHARDS.values()) and prog["state"] == "done"
+    if kind == "http":
+        served = dict(http_server.state.bytes)
+        assert served.pop(ck.MANIFEST_NAME) == 2 * os.path.getsize(  # check run + real run
+            os.path.join(src_dir, ck.MANIFEST_NAME))
+        assert served == dict((k, v) for k, v in SHARDS.items() if v)
+
+    again = ok(checkpoint_fetch, args)
+    assert not again["changed"] and again["missing"] == [] and again["transferred_bytes"] == 0
+    assert again["diff"]["before"] == again["diff"]["after"]
+    again_check = ok(checkpoint_fetch, args, check=True)
+    assert not again_check["changed"]
+
+
+def test_fetch_from_path_without_manifest_builds_one_and_leaves_source_alone(src_dir, tmp_path):
+    dest = str(tmp_path / "dest")
+    before = tree(src_dir)
+    r = ok(checkpoint_fetch, {"src": src_dir, "dest": dest})
+    assert r["changed"] and r["manifest_built"]
+    assert tree(src_dir) == before
+    m = json.load(open(os.path.join(dest, ck.MANIFEST_NAME)))
+    assert sorted(e["path"] for e in m["files"]) == sorted(SHARDS)
+    assert ok(checkpoint_verify, {"path": dest})["verified"]
+
+
+def test_fetch_interrupted_then_resumed_without_refetching(src_dir, http_server, tmp_path):
+    publish_manifest(src_dir)
+    rel = "model-00001-of-00002.safetensors"
+    dest = str(tmp_path / "dest")
+    http_server.state.drops[rel] = 2 * 1024 * 1024
+    args = {"src": http_server.base, "dest": dest, "retries": 0, "progress_file": str(tmp_path / "p.json")}
+    first = run_module(checkpoint_fetch, args)
+    assert first.failed
+    assert "interrupted at %d of %d bytes" % (2 * 1024 * 1024, SHARDS[rel]) in first.result["msg"]
+    assert rel + ".part" in first.result["msg"]
+    assert json.load(open(str(tmp_path / "p.json")))["state"] == "failed"
+    assert not os.path.exists(os.path.join(dest, ck.MANIFEST_NAME))  # not complete: no manifest yet
+    second = ok(checkpoint_fetch, args)
+    assert second["changed"] and second["resumed_bytes"] == 2 * 1024 * 1024
+    assert http_server.state.bytes[rel] == SHARDS[rel]  # the first 2 MiB were not served twice
+    assert [q for q in http_server.state.requests if q[0] == rel][-1] == [rel, "bytes=2097152-"]
+    assert ok(checkpoint_verify, {"path": dest})["verified"]
+
+
+def test_fetch_fails_before_writing_when_disk_is_short(src_dir, http_server, tmp_path):
+    publish_manifest(src_dir)
+    dest = str(tmp_path / "dest")
+    e = run_module(checkpoint_fetch, {"src": http_server.base, "dest": dest, "reserve_gib": 1e9,
+                                      "space_hint": "Lower checkpoint_min_free_margin_gib."})
+    assert e.failed and "not enough free disk" in e.result["msg"]
+    assert "Lower checkpoint_min_free_margin_gib." in e.result["msg"]
+    assert not os.path.exists(dest)
+    assert set(http_server.state.bytes) == {ck.MANIFEST_NAME}  # only the manifest was read
+
+
+def test_fetch_space_state(tmp_path):
+    r = ok(checkpoint_fetch, {"dest": str(tmp_path / "x"), "state": "space", "expected_bytes": 1024})
+    assert not r["changed"] and r["free_bytes"] > 1024
+    e = run_module(checkpoint_fetch, {"dest": str(tmp_path / "x"), "state": "space",
+                                      "expected_bytes": 1 << 62, "space_hint": "HINT"})
+    assert e.failed and "HINT" in e.result["msg"]
+
+
+def test_fetch_missing_manifest_on_http_is_named(src_dir, http_server, tmp_path):
+    e = run_module(checkpoint_fetch, {"src": http_server.base, "dest": str(tmp_path / "d")})
+    assert e.failed and "cannot read the manifest %s/%s" % (http_server.base, ck.MANIFEST_NAME) in e.result["msg"]
+    assert "404" in e.result["msg"]
+
+
+def test_verify_check_real_again_and_fingerprint_skips_hashing(src_dir):
+    publish_manifest(src_dir)
+    check = ok(checkpoint_verify, {"path": src_dir}, check=True)
+    assert check["changed"] and check["verified"] and check["hashed"]
+    assert check["diff"]["before"]["fingerprint"] == ""
+    assert not os.path.exists(os.path.join(src_dir, ck.FINGERPRINT_NAME))
+    real = ok(checkpoint_verify, {"path": src_dir})
+    assert real["changed"] and real["hashed"] and real["diff"] == check["diff"]
+    assert real["total_bytes"] == sum(SHARDS.values()) and real["files"] == len(SHARDS)
+    again = ok(checkpoint_verify, {"path": src_dir})
+    assert not again["changed"] and again["verified"] and not again["hashed"]
+    assert again["diff"]["before"] == again["diff"]["after"]
+    re = ok(checkpoint_verify, {"path": src_dir, "reverify": True})
+    assert not re["changed"] and re["hashed"]
+
+
+def test_verify_names_a_corrupted_byte_only_when_reverifying_if_mtime_kept(src_dir):
+    """The documented trade-off: a byte changed behind the file system's back (same size and mtime)
+    passes the fingerprint; reverify hashes and names it."""
+    publish_manifest(src_dir)
+    ok(checkpoint_verify, {"path": src_dir})
+    rel = "model-00001-of-00002.safetensors"
+    good = json.load(open(os.path.join(src_dir, ck.MANIFEST_NAME)))
+    expected = [e["sha256"] for e in good["files"] if e["path"] == rel][0]
+    flip_byte(os.path.join(src_dir, rel), 5)
+    assert ok(checkpoint_verify, {"path": src_dir})["verified"]
+    e = run_module(checkpoint_verify, {"path": src_dir, "reverify": True})
+    assert e.failed
+    assert "%s: sha256 mismatch: expected %s" % (os.path.join(src_dir, rel), expected) in e.result["msg"]
+    assert e.result["problems"][0]["path"] == rel
+
+
+def test_verify_create_check_real_again(src_dir):
+    before = tree(src_dir)
+    check = ok(checkpoint_verify, {"path": src_dir, "create": True, "revision": "r9"}, check=True)
+    assert check["changed"] and check["manifest_created"] and check["verified"]
+    assert tree(src_dir) == before  # check mode wrote nothing
+    assert check["diff"]["before"] == {"manifest": "", "fingerprint": ""}
+    real = ok(checkpoint_verify, {"path": src_dir, "create": True, "revision": "r9"})
+    assert real["changed"] and real["diff"]["after"]["manifest"] == check["diff"]["after"]["manifest"]
+    m = json.load(open(os.path.join(src_dir, ck.MANIFEST_NAME)))
+    assert m["revision"] == "r9" and len(m["files"]) == len(SHARDS)
+    assert os.path.exists(os.path.join(src_dir, ck.FINGERPRINT_NAME))
+    again = ok(checkpoint_verify, {"path": src_dir, "create": True, "revision": "r9"})
+    assert not again["changed"] and not again["hashed"] and not again["manifest_created"]
+    assert again["diff"]["before"] == again["diff"]["after"]
+
+
+def test_verify_notices_a_touched_file_without_reverify(src_dir):
+    publish_manifest(src_dir)
+    ok(checkpoint_verify, {"path": src_dir})
+    rel = "config.json"
+    with open(os.path.join(src_dir, rel), "r+b") as f:
+        f.write(b"X")  # a normal write moves the mtime
+    e = run_module(checkpoint_verify, {"path": src_dir})
+    assert e.failed and os.path.join(src_dir, rel) in e.result["msg"]
+    q = ok(checkpoint_verify, {"path": src_dir, "quick": True})
+    assert not q["verified"] and not q["changed"]
+
+
+def test_verify_without_manifest_and_wrong_revision(src_dir):
+    e = run_module(checkpoint_verify, {"path": src_dir})
+    assert e.failed and "no manifest" in e.result["msg"]
+    publish_manifest(src_dir)
+    e = run_module(checkpoint_verify, {"path": src_dir, "revision": "r2"})
+    assert e.failed and "revision r1, not the requested r2" in e.result["msg"]
+    assert not ok(checkpoint_verify, {"path": src_dir, "revision": "r2", "quick": True})["verified"]
+
+
+def test_fetch_through_ansible_cli(src_dir, http_server, tmp_path):
+    """The modules run through ansible itself (module_utils shipped with the module)."""
+    publish_manifest(src_dir)
+    dest = str(tmp_path / "dest")
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_LOCALHOST_WARNING="0")
+
+    def adhoc(mod, args):
+        out = subprocess.run(["ansible", "localhost", "-c", "local", "-m", mod, "-a", json.dumps(args)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        res = json.loads(out.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+        return res
+
+    r = adhoc("sparkops.appliance.checkpoint_fetch", {"src": http_server.base, "dest": dest})
+    assert r.get("changed") is True, r
+    r = adhoc("sparkops.appliance.checkpoint_verify", {"path": dest})
+    assert r.get("changed") is True and r["verified"] and r["total_bytes"] == sum(SHARDS.values()), r
+    r = adhoc("sparkops.appliance.checkpoint_verify", {"path": dest})
+    assert r.get("changed") is False and r["hashed"] is False, r

@@ -1,0 +1,58 @@
+"""Shared fixtures of the checkpoint tests: a generated checkpoint and a real HTTP server."""
+import os
+import sys
+import threading
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+
+from range_http_server import make_server  # noqa: E402
+
+# Deliberately uneven sizes, one in a subdirectory, one empty.
+SHARDS = {
+    "model-00001-of-00002.safetensors": 3 * 1024 * 1024 + 17,
+    "model-00002-of-00002.safetensors": 2 * 1024 * 1024 + 5,
+    "config.json": 321,
+    "tokenizer/tokenizer.json": 70001,
+    "empty.txt": 0,
+}
+
+
+def write_checkpoint(root, seed=1):
+    import random
+    rnd = random.Random(seed)
+    for rel, size in SHARDS.items():
+        p = os.path.join(root, *rel.split("/"))
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(rnd.randbytes(size))
+    return root
+
+
+@pytest.fixture
+def src_dir(tmp_path):
+    return write_checkpoint(str(tmp_path / "src"))
+
+
+@pytest.fixture
+def http_server(src_dir):
+    server = make_server(src_dir)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    server.base = "http://127.0.0.1:%d" % server.server_address[1]
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def flip_byte(path, offset):
+    """Change one byte in place, keeping size and mtime (what a disk error would do)."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
