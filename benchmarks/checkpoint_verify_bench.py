@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Checkpoint verification throughput: the collection's parallel sha256 vs `sha256sum`.
 
 Generates SHARDS files of TOTAL bytes in a scratch directory (deleted at the end), warms the page

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """CPU cost of memwatch per sample and per hour at 1 Hz, against a baseline measured in the same run.
 
 Baseline: a bare read of /proc/meminfo (open, read, close) — the least any watchdog must do.
@@ -46,7 +45,7 @@ def cpu():
 def measure(fn, n):
     fn()  # warm up
     t0 = cpu()
-    for _ in range(n):
+    for _sample in range(n):
         fn()
     return (cpu() - t0) / n
 
@@ -104,8 +103,8 @@ def main():
             print("%-56s %12.1f %14.3f %12.4f %10.1f" % (label, per * 1e6, per * 3600, per * 100, per / base))
         print("service start-up (once per start): %.1f ms CPU" % (startup * 1e3))
         worst = max(per for _l, per in rows[1:])
-        print("target <= 1%% of a core at 1 Hz: %s (worst %.4f %%)" % ("met" if worst <= 0.01 else "NOT met",
-                                                                     worst * 100))
+        verdict = "met" if worst <= 0.01 else "NOT met"
+        print("target <= 1%% of a core at 1 Hz: %s (worst %.4f %%)" % (verdict, worst * 100))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

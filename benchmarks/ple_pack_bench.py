@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of sparkops.appliance.ple_pack: pack throughput vs cp, and peak RSS of the pack.
 
 Generates a synthetic safetensors checkpoint of a chosen size (several shards, PLE tables and

@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """sparkops.appliance.kv_bytes_per_token: BF16 KV bytes per token from a config.json."""
 
 from __future__ import (absolute_import, division, print_function)
@@ -30,7 +32,7 @@ options:
     type: int
     default: 1
 author:
-  - sparkops team
+  - sparkops contributors (@sparkops)
 """
 
 EXAMPLES = r"""

@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """sparkops.appliance.meminfo_gib: /proc/meminfo text to GiB figures."""
 
 from __future__ import (absolute_import, division, print_function)
@@ -18,7 +20,7 @@ options:
     type: str
     required: true
 author:
-  - sparkops team
+  - sparkops contributors (@sparkops)
 """
 
 EXAMPLES = r"""

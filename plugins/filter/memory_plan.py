@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """sparkops.appliance.memory_plan: the GMU / KV budget of a DGX Spark (SPEC section 3)."""
 
 from __future__ import (absolute_import, division, print_function)
@@ -128,7 +130,7 @@ options:
         description: MTP draft tokens; echoed for the table, not used in the arithmetic.
         type: int
 author:
-  - sparkops team
+  - sparkops contributors (@sparkops)
 """
 
 EXAMPLES = r"""

@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """sparkops.appliance.memory_plan_table: the --no-launch view of memory plans."""
 
 from __future__ import (absolute_import, division, print_function)
@@ -23,7 +25,7 @@ options:
       (host -> {input -> text}) or, for a single plan, input -> text.
     type: dict
 author:
-  - sparkops team
+  - sparkops contributors (@sparkops)
 """
 
 EXAMPLES = r"""

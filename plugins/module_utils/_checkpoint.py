@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Checkpoint manifests, parallel verification, fingerprints and resumable transfers.
 
 Shared by the checkpoint_verify and checkpoint_fetch modules (private: the API may change).
@@ -477,4 +479,3 @@ def fetch_file(source, rel, dest_root, size, sha256, progress=None, retries=3, r
             open(part, "wb").close()
         os.replace(part, dest)
         return transferred
-

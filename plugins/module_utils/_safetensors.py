@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Streaming reader for safetensors shards (private helper of sparkops.appliance).
 
 A safetensors file is: an 8-byte little-endian unsigned header length N, N bytes of a JSON

@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The memory plan of a DGX Spark (SPEC section 3): GMU, KV budget, container cap.
 
 Pure Python, no Ansible imports, so the filter plugins, modules and tests share one

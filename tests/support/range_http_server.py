@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A small HTTP file server with Range support, byte accounting and one-shot connection drops.
 
 Used by the checkpoint unit tests (in a thread) and by the Molecule scenario (inside the lab

@@ -50,7 +50,7 @@ def test_failure_cases_play():
     env["ANSIBLE_FORCE_COLOR"] = "0"
     out = subprocess.run(
         ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], os.path.join(SCENARIO, "negative.yml")],
-        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900, check=False)
     log = out.stdout + out.stderr
     print(log[-20000:])
     assert out.returncode == 0

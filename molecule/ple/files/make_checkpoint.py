@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Write a small safetensors checkpoint by hand (stdlib only) for the ple lab scenario.
 
 usage: make_checkpoint.py DIR [--ple-mib N]

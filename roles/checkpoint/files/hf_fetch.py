@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Plan or download a pinned Hugging Face snapshot into a directory (run in the role's venv).
 
   hf_fetch.py plan     --repo R --revision SHA [--allow-pattern P ...]

@@ -1,2 +1,3 @@
 """Fixtures for memwatch's tests (helpers in mwhelpers.py)."""
-from mwhelpers import lab, mw, run_memwatch  # noqa: F401  (pytest fixtures)
+# Importing the fixtures registers them with pytest for every test of this folder.
+from mwhelpers import lab, mw, run_memwatch  # noqa: F401  pylint: disable=unused-import

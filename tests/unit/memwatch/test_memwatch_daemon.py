@@ -146,7 +146,7 @@ def test_shm_leftovers_are_reported_not_removed(mw, lab):
 
 def test_archive_retention_keeps_the_newest(mw, lab):
     dog = lab.watchdog(mw, archive_keep=2, recovery_samples=1)
-    for _ in range(4):
+    for _incident in range(4):
         lab.set_container(running=True)
         drive(dog, lab, [(4, 1)] * 5 + [(60, 30)])
     assert len(events(lab, "action")) == 4

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from support_checkpoint import SHARDS, flip_byte, http_server, src_dir  # noqa: E402,F401
+from support_checkpoint import SHARDS, flip_byte, http_server, src_dir  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
 

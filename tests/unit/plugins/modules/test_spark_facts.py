@@ -26,9 +26,9 @@ def run_module(args, check=False, path_prefix=None):
            "-a", json.dumps(args)]
     if check:
         cmd.append("--check")
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     # The JSON document, then the summary callback's lines.
-    out, _ = json.JSONDecoder().raw_decode(proc.stdout)
+    out, _end = json.JSONDecoder().raw_decode(proc.stdout)
     return out["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 
