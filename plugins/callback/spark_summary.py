@@ -16,6 +16,8 @@ description:
     (in order, with the loop item where there is one), the tasks that failed, and a final line
     C(nothing changed) for hosts the run left as they were. Meant to sit beside the default
     stdout callback (enable it with C(callbacks_enabled)).
+  - Stays silent when the stdout callback writes machine-readable output (C(json), C(jsonl)),
+    so that output remains one parseable document.
 author:
   - sparkops contributors (@sparkops)
 requirements:
@@ -24,7 +26,10 @@ requirements:
 
 from collections import OrderedDict
 
+from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
+
+MACHINE_READABLE = ('json', 'jsonl')
 
 
 class CallbackModule(CallbackBase):
@@ -73,7 +78,8 @@ class CallbackModule(CallbackBase):
         self._touch(result)
 
     def v2_playbook_on_stats(self, stats):
-        if not self._hosts:
+        stdout_callback = str(C.DEFAULT_STDOUT_CALLBACK or '').rsplit('.', 1)[-1]
+        if not self._hosts or stdout_callback in MACHINE_READABLE:
             return
         self._display.banner("WHAT WAS DONE, PER HOST")
         for host, entry in sorted(self._hosts.items()):

@@ -27,8 +27,8 @@ def run_module(args, check=False, path_prefix=None):
     if check:
         cmd.append("--check")
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    # The JSON document, then the summary callback's lines.
-    out, _end = json.JSONDecoder().raw_decode(proc.stdout)
+    # One JSON document: the summary callback stays silent under a machine-readable stdout callback.
+    out = json.loads(proc.stdout)
     return out["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 
