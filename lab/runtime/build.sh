@@ -6,7 +6,8 @@
 #      debs.txt under $SPARKOPS_CACHE (default /var/cache/sparkops).
 #   2. install.sh in a throwaway container of the lab base image with --network none and the
 #      wheelhouse mounted read-only, then `docker commit` (one layer, no copy of the wheels in
-#      the image: this Docker has no BuildKit for RUN --mount).
+#      the image: this Docker has no BuildKit for RUN --mount). SIGTERM, the default stop
+#      signal, is what vLLM exits on (docker commit cannot set STOPSIGNAL).
 # Usage: lab/runtime/build.sh [TAG]   (default tag: lab/runtime/tag.sh, a hash of the recipe)
 # An image with that tag already present is never rebuilt.
 set -euo pipefail
@@ -59,7 +60,6 @@ done < <(grep -v '^#' "$here/env.list")
 docker commit "${changes[@]}" \
     --change 'LABEL org.opencontainers.image.title=sparkops-lab-vllm-cpu' \
     --change "LABEL io.sparkops.recipe=${tag##*:} io.sparkops.base=$base" \
-    --change 'STOPSIGNAL SIGTERM' \
     --change 'WORKDIR /' \
     --change 'ENTRYPOINT ["vllm", "serve"]' \
     --change 'CMD []' \
