@@ -164,6 +164,8 @@ def actual_from(metrics_text, log_text):
     metrics = parse_metrics(metrics_text)
     info = metrics.get("vllm:cache_config_info", [({}, 0.0)])[0][0]
     actual = parse_log(log_text)
+    if actual["kv_cache_tokens"] is None:
+        actual["kv_cache_tokens"] = _int(info.get("kv_cache_size_tokens"))
     actual.update({
         "num_blocks": _int(info.get("num_gpu_blocks")),
         "block_size": _int(info.get("block_size")),

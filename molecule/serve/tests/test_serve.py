@@ -10,6 +10,7 @@ CONTAINER = "sparkops-molecule-serve-vllm"
 BASE = "http://127.0.0.1:8000"
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONVERGE = os.path.join(os.path.dirname(HERE), "converge.yml")
+PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 
 
 def _curl(host, path, data=None):
@@ -26,10 +27,10 @@ def _container_id(host):
 
 def _converge(*extra):
     inventory = os.environ["MOLECULE_INVENTORY_FILE"]
-    env = dict(os.environ)
+    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
     return subprocess.run(
         ["ansible-playbook", "-i", inventory, CONVERGE] + list(extra),
-        capture_output=True, text=True, env=env, timeout=1200)
+        capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200)
 
 
 def test_completions_return_tokens(host):

@@ -46,6 +46,13 @@ def test_actual_and_table_side_by_side():
     assert [line for line in lines if line.startswith("time to healthy")][0].endswith("27.400")
 
 
+def test_tokens_from_metrics_when_the_log_is_silent():
+    metrics = 'vllm:cache_config_info{kv_cache_size_tokens="131072",num_gpu_blocks="1024"} 1.0\n'
+    actual = vs.actual_from(metrics, "")
+    assert actual["kv_cache_tokens"] == 131072 and actual["num_blocks"] == 1024
+    assert vs.actual_from(metrics, LOG)["kv_cache_tokens"] == 32768
+
+
 def test_missing_metrics_give_none_not_errors():
     actual = vs.actual_from("", "")
     assert actual["num_blocks"] is None and actual["kv_cache_gib"] is None
