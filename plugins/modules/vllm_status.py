@@ -121,7 +121,8 @@ METRICS = ("vllm:cache_config_info", "vllm:kv_cache_usage_perc", "vllm:num_reque
            "vllm:num_requests_waiting")
 _SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-_LOG_KV_GIB = re.compile(r"Available KV cache memory:\s*([0-9.]+)\s*GiB")
+# GPU workers log "Available KV cache memory: X GiB"; CPU workers "Explicitly set (X/Y) GiB for KV cache".
+_LOG_KV_GIB = re.compile(r"(?:Available KV cache memory:\s*|Explicitly set \()([0-9.]+)(?:\s*GiB|/)")
 _LOG_KV_TOKENS = re.compile(r"KV cache size:\s*([0-9,]+)\s*tokens")
 
 
@@ -164,6 +165,8 @@ def actual_from(metrics_text, log_text):
     metrics = parse_metrics(metrics_text)
     info = metrics.get("vllm:cache_config_info", [({}, 0.0)])[0][0]
     actual = parse_log(log_text)
+    if actual["kv_cache_gib"] is None and _int(info.get("kv_cache_memory_bytes")):
+        actual["kv_cache_gib"] = round(_int(info["kv_cache_memory_bytes"]) / 2.0 ** 30, 3)
     if actual["kv_cache_tokens"] is None:
         actual["kv_cache_tokens"] = _int(info.get("kv_cache_size_tokens"))
     actual.update({

@@ -46,6 +46,17 @@ def test_actual_and_table_side_by_side():
     assert [line for line in lines if line.startswith("time to healthy")][0].endswith("27.400")
 
 
+def test_cpu_worker_log_lines():
+    log = ("INFO [cpu_worker.py:260] Explicitly set (0.06/6.5) GiB for KV cache on node 0.\n"
+           "INFO [kv_cache_utils.py:2327] CPU KV cache size: 131,072 tokens, Maximum concurrency\n")
+    assert vs.parse_log(log) == {"kv_cache_gib": 0.06, "kv_cache_tokens": 131072}
+
+
+def test_kv_gib_from_the_metrics_bytes_when_the_log_is_silent():
+    actual = vs.actual_from('vllm:cache_config_info{kv_cache_memory_bytes="67108864"} 1.0\n', "")
+    assert actual["kv_cache_gib"] == 0.062
+
+
 def test_tokens_from_metrics_when_the_log_is_silent():
     metrics = 'vllm:cache_config_info{kv_cache_size_tokens="131072",num_gpu_blocks="1024"} 1.0\n'
     actual = vs.actual_from(metrics, "")
