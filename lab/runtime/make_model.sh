@@ -11,5 +11,5 @@ if python3 -c 'import numpy, tokenizers' 2>/dev/null; then
     exec python3 "$here/make_tiny_model.py" "$out"
 fi
 image=${2:-$("$here/tag.sh")}
-exec docker run --rm --network none --user "$(id -u):$(id -g)" -v "$out:/out" \
+exec docker run --rm -i --network none --user "$(id -u):$(id -g)" -v "$out:/out" \
     --entrypoint python3 "$image" - /out <"$here/make_tiny_model.py"

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Make the lab's tiny Llama model offline: never downloaded.
 
 2 decoder layers, hidden 128, 4 attention heads of 32 (vLLM's CPU attention needs a head size of
@@ -8,7 +7,7 @@ model.safetensors (BF16, written by hand: numpy has no bfloat16), tokenizer.json
 tokenizer_config.json, special_tokens_map.json.
 
 Needs numpy and tokenizers (both are in the lab runtime image, so build.sh runs it there).
-Usage: make_tiny_model.py OUT_DIR   (the same seed gives the same weights and tokenizer)
+Usage: python3 make_tiny_model.py OUT_DIR   (the same seed gives the same weights and tokenizer)
 """
 
 from __future__ import annotations
