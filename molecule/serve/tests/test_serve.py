@@ -97,7 +97,7 @@ def test_bad_flag_is_rejected_and_the_server_keeps_answering(host):
     r = _converge("-e", json.dumps({"serve_extra_args": [
         "--enforce-eager", "--distributed-executor-backend", "uni", "--cudagraph_mode", "FULL"]}))
     assert r.returncode != 0
-    out = " ".join(r.stdout.split())        # the YAML callback wraps long messages
+    out = " ".join((r.stdout + r.stderr).split())   # wrapped by the YAML callback; failures may go to stderr
     assert "rejects the command line" in out
     assert "unrecognized arguments: --cudagraph-mode" in out
     assert _container_id(host) == before
@@ -121,3 +121,13 @@ def test_changed_setting_restarts_exactly_once(host):
     r = _converge()
     assert r.returncode == 0, r.stdout[-3000:]
     assert json.loads(_curl(host, "/v1/models"))["data"]
+
+
+def test_zz_stop_is_graceful_and_leaves_no_container(host):
+    """Last: a stop ends vLLM within the grace (SIGTERM) and removes the container, so the
+    scenario's destroy leaves no vLLM behind on the lab's Docker engine."""
+    t0 = time.monotonic()
+    host.run_expect([0], "systemctl stop %s" % UNIT)
+    assert time.monotonic() - t0 < 10 + 5                 # serve_stop_grace_s + margin
+    assert host.run("docker inspect %s" % CONTAINER).rc != 0
+    assert host.service(UNIT).systemd_properties["Result"] == "success"
