@@ -11,11 +11,13 @@ export PY_COLORS ?= 0
 
 DEPS_STAMP := build/.deps-$(shell cat requirements.txt requirements-test.txt | sha256sum | cut -c1-12)
 LAB_IMAGE = $(shell lab/image/tag.sh)
+LAB_RUNTIME_IMAGE = $(shell lab/runtime/tag.sh)
+LAB_MODEL_DIR := /var/cache/sparkops/models/tiny-llama
 
-.PHONY: lab lab-down lab-image engine deps test unit lint sanity molecule clean
+.PHONY: lab lab-down lab-image runtime-image lab-model engine deps test unit lint sanity molecule clean
 
-## make lab: engine + lab image + lab Sparks, then the site playbook on them
-lab: deps lab-image
+## make lab: engine + lab images + tiny model + lab Sparks, then the site playbook on them
+lab: deps lab-model
 	ansible-playbook -i $(LAB_INVENTORY) lab/lab.yml -e lab_image=$(LAB_IMAGE)
 	ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml
 	ansible-playbook -i $(LAB_INVENTORY) playbooks/plan.yml
@@ -25,7 +27,7 @@ lab-down: deps
 	ansible-playbook -i $(LAB_INVENTORY) lab/lab.yml -e lab_state=absent
 
 ## make test: everything CI runs
-test: deps lab-image unit lint sanity molecule
+test: deps lab-model unit lint sanity molecule
 	@echo "make test: all suites passed"
 
 unit: deps
@@ -37,14 +39,22 @@ lint: deps
 sanity: deps
 	tests/sanity/run.sh
 
-molecule: deps lab-image
-	SPARKOPS_LAB_IMAGE=$(LAB_IMAGE) molecule test --all
+molecule: deps lab-model
+	SPARKOPS_LAB_IMAGE=$(LAB_IMAGE) SPARKOPS_LAB_RUNTIME_IMAGE=$(LAB_RUNTIME_IMAGE) molecule test --all
 
 engine:
 	lab/engine.sh
 
 lab-image: engine
 	lab/image/build.sh $(LAB_IMAGE)
+
+## the lab's CPU vLLM image (offline, from a wheelhouse made here; cached by recipe hash)
+runtime-image: lab-image
+	lab/runtime/build.sh
+
+## the tiny Llama the lab serves (made here, never downloaded)
+lab-model: runtime-image
+	test -f $(LAB_MODEL_DIR)/model.safetensors || lab/runtime/make_model.sh $(LAB_MODEL_DIR)
 
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP): requirements.txt requirements-test.txt
