@@ -68,3 +68,18 @@ def test_bad_input_fails_before_any_change(host, extra, variable):
     assert re.search(r"^\S+: FAILED$", out, re.M), out
     assert "  changed: " not in out.split("WHAT WAS DONE, PER HOST")[-1]
     assert host.file("/etc/sysctl.d/90-sparkops.conf").content_string == before
+
+
+def test_the_whole_flow_serves_the_model(host):
+    # site.yml fetched the checkpoint, planned, built the runtime image and started the unit.
+    assert host.service("sparkops-serve").is_running
+    out = host.check_output(
+        "curl -sf http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' "
+        "-d '{\"model\": \"tiny-llama\", \"prompt\": \"hello\", \"max_tokens\": 4}'")
+    body = json.loads(out)
+    assert body["choices"][0]["finish_reason"] == "length"
+    report = json.loads(host.file("/var/lib/sparkops/serve/plan-vs-actual.json").content_string)
+    # vLLM sized its KV pool from the plan's --kv-cache-memory-bytes (block rounding aside).
+    planned = report["plan"]["kv_cache_memory_bytes"] / 2 ** 30
+    assert abs(report["actual"]["kv_cache_gib"] - planned) < 0.1 * planned
+    assert host.service("memwatch").is_running
