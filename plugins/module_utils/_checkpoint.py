@@ -23,6 +23,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ansible_collections.sparkops.appliance.plugins.module_utils._disk import filesystem_space
+
 MANIFEST_VERSION = 1
 MANIFEST_NAME = ".sparkops-manifest.json"
 FINGERPRINT_NAME = ".sparkops-fingerprint.json"
@@ -303,14 +305,7 @@ class Progress(object):
 
 def free_space_check(dest, need_bytes, reserve_bytes):
     """Return (ok, free, nearest existing ancestor of dest)."""
-    probe = os.path.abspath(dest)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    st = os.statvfs(probe)
-    free = st.f_bavail * st.f_frsize
+    free, _total, probe = filesystem_space(dest)
     return free >= need_bytes + reserve_bytes, free, probe
 
 

@@ -107,10 +107,10 @@ ansible_facts:
       sample: {checked: true, reachable: true, server_version: "28.3.0", error: ""}
 """
 
-import os
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.appliance.plugins.module_utils._disk import filesystem_space
 from ansible_collections.sparkops.appliance.plugins.module_utils._meminfo import (
     GIB,
     meminfo_gib,
@@ -119,19 +119,8 @@ from ansible_collections.sparkops.appliance.plugins.module_utils._meminfo import
 
 
 def _disk(path):
-    measured = path
-    while not os.path.isdir(measured):
-        parent = os.path.dirname(measured)
-        if parent == measured:
-            break
-        measured = parent
-    st = os.statvfs(measured)
-    return {
-        "path": path,
-        "measured_path": measured,
-        "free_gib": st.f_bavail * st.f_frsize / GIB,
-        "total_gib": st.f_blocks * st.f_frsize / GIB,
-    }
+    free, total, measured = filesystem_space(path)
+    return {"path": path, "measured_path": measured, "free_gib": free / GIB, "total_gib": total / GIB}
 
 
 def _gpu(module, check, program):
