@@ -3,6 +3,7 @@ import json
 import os
 import re
 import subprocess
+import time
 
 import pytest
 import testinfra.utils.ansible_runner
@@ -83,3 +84,53 @@ def test_the_whole_flow_serves_the_model(host):
     planned = report["plan"]["kv_cache_memory_bytes"] / 2 ** 30
     assert abs(report["actual"]["kv_cache_gib"] - planned) < 0.1 * planned
     assert host.service("memwatch").is_running
+
+
+DRILL_DIR = "/var/lib/sparkops-drill"
+KIB_PER_GIB = 1024 * 1024
+
+
+def _drill_meminfo(host, avail_gib, free_gib):
+    text = ("MemTotal:       24683000 kB\\nMemFree:        %d kB\\nMemAvailable:   %d kB\\n"
+            "Cached:         3000000 kB\\nAnonPages:      3000000 kB\\nShmem:          20000 kB\\n"
+            "Slab:           900000 kB\\nPageTables:     65000 kB\\n"
+            % (free_gib * KIB_PER_GIB, avail_gib * KIB_PER_GIB))
+    host.run_test("mkdir -p %s && printf '%s' > %s/meminfo.tmp && mv %s/meminfo.tmp %s/meminfo"
+                  % (DRILL_DIR, text, DRILL_DIR, DRILL_DIR, DRILL_DIR))
+
+
+def _wait(what, check, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if check():
+            return
+        time.sleep(1)
+    raise AssertionError("timed out after %d s waiting for %s" % (timeout, what))
+
+
+def test_zz_memwatch_stops_the_real_server_gracefully(host):
+    # Runs last (zz): it stops the server that the other tests use.
+    container = "sparkops-vllm-" + host.backend.get_hostname()  # serve_container_name in the base config
+    _drill_meminfo(host, 12, 8)  # healthy
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    drill = subprocess.run(["ansible-playbook", "-i", INVENTORY, os.path.join(os.path.dirname(__file__), "..",
+                                                                             "memwatch-drill.yml")],
+                           env=env, cwd=PROJECT, capture_output=True, text=True, timeout=600, check=False)
+    assert drill.returncode == 0, drill.stdout + drill.stderr
+    assert host.service("sparkops-serve").is_running
+    archives_before = host.run("ls /var/lib/memwatch/incidents").stdout.split()
+    _drill_meminfo(host, 4, 1)  # rule A (and B): MemAvailable < 6 GiB
+    _wait("memwatch to stop the serve unit", lambda: not host.service("sparkops-serve").is_running)
+    state = host.check_output("docker inspect -f '{{.State.Running}} {{.State.ExitCode}}' %s || true" % container)
+    # vLLM exits 0 on SIGTERM (graceful), or the unit's stop removed the container altogether.
+    assert state in ("false 0", ""), state
+    archives = host.run("ls /var/lib/memwatch/incidents").stdout.split()
+    new = [a for a in archives if a not in archives_before]
+    assert len(new) == 1, archives
+    listing = host.check_output("tar -tzf /var/lib/memwatch/incidents/%s" % new[0])
+    assert "container.log" in listing and "memwatch.log" in listing
+    # systemd does not restart a unit stopped on request: no ping-pong with Restart=on-failure.
+    time.sleep(5)
+    assert not host.service("sparkops-serve").is_running
+    metrics = host.file("/var/lib/prometheus/node-exporter/memwatch.prom").content_string
+    assert 'memwatch_rule_fires_total{rule="available"} 1' in metrics
