@@ -42,9 +42,9 @@ WORDS = (
 
 def corpus(n_lines: int, rng: random.Random):
     """Generated English-like lines: enough structure for BPE to learn merges."""
-    for _ in range(n_lines):
+    for _line in range(n_lines):
         n = rng.randint(4, 16)
-        words = [rng.choice(WORDS) for _ in range(n)]
+        words = [rng.choice(WORDS) for _word in range(n)]
         if rng.random() < 0.3:
             words.append(str(rng.randint(0, 4096)))
         yield " ".join(words).capitalize() + rng.choice([".", ".", "?", "!"])

@@ -17,13 +17,17 @@ description:
     plan (SPEC section 9, step 2).
   - Changes nothing on the host.
 version_added: 0.1.0
-author: sparkops
+author:
+  - sparkops contributors (@sparkops)
 attributes:
   check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: none
   idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: full
 options:
   url:
@@ -246,7 +250,7 @@ def main():
     healthy, last_error = False, ""
     while True:
         try:
-            code, _ = _get(base + "/health")
+            code, _body = _get(base + "/health")
             healthy = code == 200
             last_error = "HTTP %s" % code
         except Exception as exc:  # connection refused while vLLM loads
@@ -270,7 +274,7 @@ def main():
             base, p["timeout_s"], last_error, "\n".join(log_text.splitlines()[-30:])),
             healthy=False, waited_s=waited)
     try:
-        _, metrics_text = _get(base + "/metrics")
+        _code, metrics_text = _get(base + "/metrics")
     except Exception as exc:
         module.fail_json(msg="vLLM at %s is healthy but /metrics failed: %s" % (base, exc),
                          healthy=True, waited_s=waited)

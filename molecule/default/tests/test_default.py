@@ -113,8 +113,8 @@ def test_zz_memwatch_stops_the_real_server_gracefully(host):
     container = "sparkops-vllm-" + host.backend.get_hostname()  # serve_container_name in the base config
     _drill_meminfo(host, 12, 8)  # healthy
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    drill = subprocess.run(["ansible-playbook", "-i", INVENTORY, os.path.join(os.path.dirname(__file__), "..",
-                                                                             "memwatch-drill.yml")],
+    book = os.path.join(os.path.dirname(__file__), "..", "memwatch-drill.yml")
+    drill = subprocess.run(["ansible-playbook", "-i", INVENTORY, book],
                            env=env, cwd=PROJECT, capture_output=True, text=True, timeout=600, check=False)
     assert drill.returncode == 0, drill.stdout + drill.stderr
     assert host.service("sparkops-serve").is_running

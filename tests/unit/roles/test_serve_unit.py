@@ -18,6 +18,7 @@ PLAN = {"gmu": 0.786, "kv_cache_memory_bytes": 18049635041, "docker_memory_gib":
 
 def render(tmp_path, **extra):
     extra_vars = {"spark_memory_plan": PLAN, "spark_model_dir": "/srv/sparkops/models",
+                  "spark_model_name": "gemma-3n",
                   "memory_plan_max_model_len": 262144, "memory_plan_max_num_seqs": 8,
                   "memory_plan_max_num_batched_tokens": 8192, "memory_plan_kv_cache_dtype": "fp8",
                   "memory_plan_mtp_enabled": True, "memory_plan_mtp_num_speculative_tokens": 3,
@@ -45,7 +46,7 @@ def render(tmp_path, **extra):
     vars_file = tmp_path / "vars.json"
     vars_file.write_text(json.dumps(extra_vars))
     r = subprocess.run(["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook),
-                        "-e", "@" + str(vars_file)], cwd=ROOT, capture_output=True, text=True)
+                        "-e", "@" + str(vars_file)], cwd=ROOT, capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     return (tmp_path / "sparkops-serve.service"), (tmp_path / "sparkops-serve.env")
 
@@ -56,12 +57,12 @@ needs_systemd = pytest.mark.skipif(
 
 
 def verify(unit):
-    return subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    return subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False)
 
 
 @needs_systemd
 def test_rendered_unit_verifies_and_a_broken_one_does_not(tmp_path):
-    unit, _ = render(tmp_path)
+    unit, _env = render(tmp_path)
     r = verify(unit)
     assert r.returncode == 0, r.stderr
     broken = tmp_path / "broken" / "sparkops-serve.service"
@@ -92,3 +93,10 @@ def test_bytes_sizing_and_secrets_stay_off_the_command_line(tmp_path):
     assert "--gpu-memory-utilization" not in text and "--speculative-config" not in text
     assert "s3cr" not in text
     assert "VLLM_API_KEY=s3cr%t$x" in env.read_text()
+
+
+def test_model_comes_from_the_shared_model_variables(tmp_path):
+    unit, _env = render(tmp_path)
+    text = unit.read_text()
+    assert "/srv/sparkops/models/gemma-3n:/model:ro" in text
+    assert "--served-model-name gemma-3n" in text

@@ -6,11 +6,13 @@ from ansible_collections.sparkops.appliance.plugins.modules import vllm_status a
 METRICS = """\
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="128",cache_dtype="auto",gpu_memory_utilization="0.9",kv_cache_memory_bytes="67108864",num_gpu_blocks="256",prefix_caching_hash_algo="sha256"} 1.0
+@CACHE_CONFIG_INFO@
 vllm:num_requests_running{engine="0",model_name="tiny"} 2.0
 vllm:num_requests_running{engine="1",model_name="tiny"} 1.0
 vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
-"""
+""".replace("@CACHE_CONFIG_INFO@", (
+    'vllm:cache_config_info{block_size="128",cache_dtype="auto",gpu_memory_utilization="0.9",'
+    'kv_cache_memory_bytes="67108864",num_gpu_blocks="256",prefix_caching_hash_algo="sha256"} 1.0'))
 
 LOG = """\
 INFO 11-29 08:50:01 [kv_cache_utils.py:1] Available KV cache memory: 0.5 GiB
@@ -24,7 +26,7 @@ def test_parse_metrics_reads_labels_and_values():
     m = vs.parse_metrics(METRICS)
     labels, value = m["vllm:cache_config_info"][0]
     assert labels["num_gpu_blocks"] == "256" and value == 1.0
-    assert sum(v for _, v in m["vllm:num_requests_running"]) == 3.0
+    assert sum(v for _labels, v in m["vllm:num_requests_running"]) == 3.0
     assert "# HELP" not in "".join(m)
 
 
