@@ -123,17 +123,23 @@ def _disk(path):
     return {"path": path, "measured_path": measured, "free_gib": free / GIB, "total_gib": total / GIB}
 
 
+def _run_tool(module, program, args):
+    """Run `program args`; return (stdout, "") or (None, why it could not tell)."""
+    binary = module.get_bin_path(program)
+    if binary is None:
+        return None, "%s not found on PATH" % program
+    rc, out, err = module.run_command([binary] + args)
+    if rc != 0:
+        return None, (err or out).strip() or "%s %s exited %d" % (program, " ".join(args), rc)
+    return out, ""
+
+
 def _gpu(module, check, program):
     result = {"checked": check, "present": False, "names": [], "error": ""}
     if not check:
         return result
-    binary = module.get_bin_path(program)
-    if binary is None:
-        result["error"] = "%s not found on PATH" % program
-        return result
-    rc, out, err = module.run_command([binary, "-L"])
-    if rc != 0:
-        result["error"] = (err or out).strip() or "%s -L exited %d" % (program, rc)
+    out, result["error"] = _run_tool(module, program, ["-L"])
+    if out is None:
         return result
     result["names"] = [line.strip() for line in out.splitlines() if line.strip().startswith("GPU ")]
     result["present"] = bool(result["names"])
@@ -146,16 +152,10 @@ def _docker(module, check, program):
     result = {"checked": check, "reachable": False, "server_version": "", "error": ""}
     if not check:
         return result
-    binary = module.get_bin_path(program)
-    if binary is None:
-        result["error"] = "%s not found on PATH" % program
-        return result
-    rc, out, err = module.run_command([binary, "version", "--format", "{{.Server.Version}}"])
-    if rc != 0:
-        result["error"] = (err or out).strip() or "docker version exited %d" % rc
-        return result
-    result["reachable"] = True
-    result["server_version"] = out.strip()
+    out, result["error"] = _run_tool(module, program, ["version", "--format", "{{.Server.Version}}"])
+    if out is not None:
+        result["reachable"] = True
+        result["server_version"] = out.strip()
     return result
 
 
