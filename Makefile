@@ -19,7 +19,7 @@ LAB_MODEL_DIR := /var/cache/sparkops/models/tiny-llama
 ## make lab: engine + lab images + tiny model + lab Sparks, then the site playbook on them
 lab: deps lab-model
 	ansible-playbook -i $(LAB_INVENTORY) lab/lab.yml -e lab_image=$(LAB_IMAGE)
-	ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml
+	SPARKOPS_LAB_RUNTIME_IMAGE=$(LAB_RUNTIME_IMAGE) ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml
 	ansible-playbook -i $(LAB_INVENTORY) playbooks/plan.yml
 
 ## make lab-down: remove the lab Sparks, their serving containers and the lab network

@@ -28,6 +28,11 @@ def parse_pack(path):
     return data, index
 
 
+def table_bytes(data, table):
+    """The bytes of one table of a pack, located by its index entry."""
+    return data[table["offset"]:table["offset"] + table["nbytes"]]
+
+
 def leftovers(directory):
     return sorted(f for f in os.listdir(str(directory)) if f.endswith(".ple-tmp"))
 
@@ -54,7 +59,7 @@ def test_packed_tables_equal_the_source_and_are_aligned(tmp_path, ckpt, alignmen
         assert t["offset"] % alignment == 0
         assert t["offset"] >= previous_end
         previous_end = t["offset"] + t["nbytes"]
-        assert data[t["offset"]:t["offset"] + t["nbytes"]] == raw[t["name"]]
+        assert table_bytes(data, t) == raw[t["name"]]
         assert t["sha256"] == hashlib.sha256(raw[t["name"]]).hexdigest()
     assert len(data) == index["file_bytes"] == previous_end
     assert index["tables"][0]["dtype"] == "BF16" and index["tables"][0]["shape"] == [97, 40]
@@ -80,7 +85,7 @@ def test_patterns_pick_other_tables_and_dtypes(tmp_path, ckpt):
                    "model.language_model.layers.1.mlp.scale": "F8_E4M3",
                    "model.lm_head.qweight": "I8"}
     for t in index["tables"]:
-        assert data[t["offset"]:t["offset"] + t["nbytes"]] == raw[t["name"]]
+        assert table_bytes(data, t) == raw[t["name"]]
     assert result["ple_bytes"] == sum(len(raw[n]) for n in got)
 
 
@@ -137,7 +142,7 @@ def test_verify_finds_a_corrupted_pack_and_rewrites_it(tmp_path, ckpt):
     assert fixed["changed"] is True and fixed["verified"] is True
     data, index = parse_pack(str(dest))
     t = index["tables"][1]
-    assert data[t["offset"]:t["offset"] + t["nbytes"]] == raw[PLE_AUDIO]
+    assert table_bytes(data, t) == raw[PLE_AUDIO]
 
 
 def test_a_foreign_file_at_dest_is_replaced(tmp_path, ckpt):
@@ -309,7 +314,7 @@ def test_a_killed_pack_leaves_no_file_and_the_rerun_cleans_up(tmp_path):
     assert leftovers(tmp_path) == []
     data, index = parse_pack(str(dest))
     t = index["tables"][0]
-    assert data[t["offset"]:t["offset"] + t["nbytes"]] == raw[PLE]
+    assert table_bytes(data, t) == raw[PLE]
 
 
 def test_a_temp_file_of_a_live_pack_is_not_removed(tmp_path, ckpt):
