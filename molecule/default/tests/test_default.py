@@ -110,7 +110,7 @@ def _wait(what, check, timeout=120):
 
 def test_zz_memwatch_stops_the_real_server_gracefully(host):
     # Runs last (zz): it stops the server that the other tests use.
-    container = "sparkops-vllm-" + host.backend.get_hostname()  # serve_container_name in the base config
+    container = "sparkops-vllm-" + host.backend.get_hostname()  # spark_serve_container_name in the base config
     _drill_meminfo(host, 12, 8)  # healthy
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
     book = os.path.join(os.path.dirname(__file__), "..", "memwatch-drill.yml")

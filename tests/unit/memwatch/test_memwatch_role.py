@@ -58,7 +58,7 @@ def test_rendered_config_is_accepted_by_the_program(tmp_path):
         "- hosts: localhost\n  gather_facts: false\n  vars_files: [%s]\n  tasks:\n"
         "    - ansible.builtin.copy:\n        dest: %s\n        mode: '0644'\n"
         "        content: \"{{ lookup('ansible.builtin.template', '%s') }}\"\n"
-        % (os.path.join(ROOT, "roles/memwatch/defaults/main.yml"), out,
+        % (os.path.join(ROOT, "roles/common/defaults/main.yml") + ", " + os.path.join(ROOT, "roles/memwatch/defaults/main.yml"), out,
            os.path.join(ROOT, "roles/memwatch/templates/memwatch.json.j2")))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
     proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(pb),
@@ -73,5 +73,23 @@ def test_rendered_config_is_accepted_by_the_program(tmp_path):
     assert check.returncode == 0, check.stderr
     cfg = json.loads(check.stdout)
     assert cfg["stop_grace_s"] == 7 and cfg["available_lt_gib"] == 5.5
-    assert cfg["container_name"] == "vllm" and cfg["serve_unit"] == "sparkops-serve.service"
+    assert cfg["container_name"] == "sparkops-vllm" and cfg["serve_unit"] == "sparkops-serve.service"
     assert cfg["stop_via_unit"] is True and cfg["consecutive_samples"] == 5
+
+
+def test_memwatch_in_a_play_of_its_own_watches_the_serve_roles_names(tmp_path):
+    """site.yml runs memwatch in its own play, where the serve role's variables are not visible:
+    the names must come from the one shared source (roles/common), not from a fallback."""
+    proc = play(tmp_path, {}, check=True)
+    proc = subprocess.run(proc.args + ["--diff"], cwd=ROOT, env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+                                                                       ANSIBLE_NOCOLOR="1"),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout
+    assert '+  "container_name": "sparkops-vllm",' in proc.stdout, proc.stdout
+    assert '+  "serve_unit": "sparkops-serve.service",' in proc.stdout, proc.stdout
+    # A user who renames the unit and container once renames them for serve and memwatch alike.
+    renamed = play(tmp_path, {"spark_serve_container_name": "llm", "spark_serve_unit_name": "llm-serve"}, check=True)
+    renamed = subprocess.run(renamed.args + ["--diff"], cwd=ROOT, env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+                                                                           ANSIBLE_NOCOLOR="1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300, check=False)
+    assert '+  "container_name": "llm",' in renamed.stdout and '+  "serve_unit": "llm-serve.service",' in renamed.stdout, renamed.stdout

@@ -13,15 +13,14 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 ROLE = os.path.join(ROOT, "roles", "serve")
 
 PLAN = {"gmu": 0.786, "kv_cache_memory_bytes": 18049635041, "docker_memory_gib": 100.65,
-        "docker_memory_bytes": 108072616755, "budget_gib": 95.65, "kv_exp_gib": 16.81}
+        "docker_memory_bytes": 108072616755, "budget_gib": 95.65, "kv_exp_gib": 16.81,
+        "inputs": {"max_model_len": 262144, "max_num_seqs": 8, "max_num_batched_tokens": 8192,
+                   "kv_cache_dtype": "fp8", "mtp_enabled": True, "mtp_num_speculative_tokens": 3}}
 
 
 def render(tmp_path, **extra):
     extra_vars = {"spark_memory_plan": PLAN, "spark_model_dir": "/srv/sparkops/models",
                   "spark_model_name": "gemma-3n",
-                  "memory_plan_max_model_len": 262144, "memory_plan_max_num_seqs": 8,
-                  "memory_plan_max_num_batched_tokens": 8192, "memory_plan_kv_cache_dtype": "fp8",
-                  "memory_plan_mtp_enabled": True, "memory_plan_mtp_num_speculative_tokens": 3,
                   "serve_image": "sparkops/vllm-runtime:0123456789ab", "out": str(tmp_path),
                   "ansible_python_interpreter": sys.executable}
     extra_vars.update(extra)
@@ -31,6 +30,7 @@ def render(tmp_path, **extra):
           gather_facts: true
           gather_subset: [min]
           vars_files:
+            - %(common)s/defaults/main.yml
             - %(role)s/defaults/main.yml
             - %(role)s/vars/main.yml
           tasks:
@@ -42,7 +42,7 @@ def render(tmp_path, **extra):
                 src: %(role)s/templates/serve.env.j2
                 dest: "{{ out }}/sparkops-serve.env"
                 mode: "0600"
-        """ % {"role": ROLE}))
+        """ % {"role": ROLE, "common": os.path.join(ROOT, "roles", "common")}))
     vars_file = tmp_path / "vars.json"
     vars_file.write_text(json.dumps(extra_vars))
     r = subprocess.run(["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook),
@@ -86,8 +86,8 @@ def test_command_line_carries_the_plan_and_the_mtp_json(tmp_path):
 
 
 def test_bytes_sizing_and_secrets_stay_off_the_command_line(tmp_path):
-    unit, env = render(tmp_path, serve_kv_sizing="bytes", serve_api_key="s3cr%t$x",
-                       memory_plan_mtp_enabled=False)
+    plan = dict(PLAN, inputs=dict(PLAN["inputs"], mtp_enabled=False))  # the plan was made with MTP off
+    unit, env = render(tmp_path, serve_kv_sizing="bytes", serve_api_key="s3cr%t$x", spark_memory_plan=plan)
     text = unit.read_text()
     assert "--kv-cache-memory-bytes 18049635041" in text
     assert "--gpu-memory-utilization" not in text and "--speculative-config" not in text
