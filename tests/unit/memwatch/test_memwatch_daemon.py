@@ -13,11 +13,16 @@ from mwhelpers import PROGRAM, parse_metrics
 
 
 def drive(dog, lab, samples):
-    """samples: list of (avail_gib, free_gib); one watchdog sample each. Returns the firings."""
+    """samples: list of (avail_gib, free_gib); one watchdog sample each. Returns the firings.
+
+    The kernel log is read beside the sampling (a thread); after each sample this waits for a
+    read it started and takes the result in, so that counts can be asserted per sample
+    (test_memwatch_kernel_log_async.py tests that the service itself never waits)."""
     out = []
     for avail, free in samples:
         lab.write_meminfo(avail, free)
         firing = dog.sample()
+        assert dog.kernel_log_settle(10), "the kernel log read did not finish within 10 s"
         if firing is not None:
             out.append((firing.sample, firing.rule))
     return out
