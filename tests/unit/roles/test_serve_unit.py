@@ -293,7 +293,7 @@ s="%(d)s"
 case "$1" in
   is-active) cat "$s/state" ;;
   show) cat "$s/invocation" ;;
-  try-restart) echo "$@" >> "$s/restarts"; echo new > "$s/invocation"; echo active > "$s/state" ;;
+  try-restart|restart|start|stop) echo "$@" >> "$s/restarts"; echo new > "$s/invocation"; echo active > "$s/state" ;;
   list-jobs) : ;;
 esac
 """
