@@ -1,16 +1,23 @@
-"""The serve role's unit and env file, rendered by Ansible from the role's own defaults and vars,
-are accepted by systemd-analyze verify; a broken render is rejected; quoting survives JSON."""
+"""The serve role's unit, env file and recycle units, rendered by Ansible from the role's own
+defaults and vars, are accepted by systemd-analyze verify; a broken render is rejected; quoting
+survives JSON; the recycle job does not depend on the server (a restart would propagate to it);
+the unit's helper (roles/serve/files/serve-unit) spares held /dev/shm objects, bounds failed
+starts and treats a vanished container as stopped; the recycle script restarts an idle server
+once and never a busy or stopped one; a bad recycle calendar is refused naming the variable."""
 import json
 import os
+import stat
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 ROLE = os.path.join(ROOT, "roles", "serve")
+HELPER = os.path.join(ROLE, "files", "serve-unit")
 
 PLAN = {"gmu": 0.786, "kv_cache_memory_bytes": 18049635041, "docker_memory_gib": 100.65,
         "docker_memory_bytes": 108072616755, "budget_gib": 95.65, "kv_exp_gib": 16.81,
@@ -22,7 +29,10 @@ def render(tmp_path, **extra):
     extra_vars = {"spark_memory_plan": PLAN, "spark_model_dir": "/srv/sparkops/models",
                   "spark_model_name": "gemma-3n",
                   "serve_image": "sparkops/vllm-runtime:0123456789ab", "out": str(tmp_path),
-                  "ansible_python_interpreter": sys.executable}
+                  "ansible_python_interpreter": sys.executable,
+                  # where systemd-analyze verify finds the executables on this machine
+                  "__serve_helper": HELPER,
+                  "__serve_recycle_script": str(tmp_path / "sparkops-serve-recycle.sh")}
     extra_vars.update(extra)
     playbook = tmp_path / "render.yml"
     playbook.write_text(textwrap.dedent("""\
@@ -42,6 +52,11 @@ def render(tmp_path, **extra):
                 src: %(role)s/templates/serve.env.j2
                 dest: "{{ out }}/sparkops-serve.env"
                 mode: "0600"
+            - ansible.builtin.template:
+                src: "%(role)s/templates/serve-recycle.{{ item }}.j2"
+                dest: "{{ out }}/sparkops-serve-recycle.{{ item }}"
+                mode: "0755"
+              loop: [service, timer, sh]
         """ % {"role": ROLE, "common": os.path.join(ROOT, "roles", "common")}))
     vars_file = tmp_path / "vars.json"
     vars_file.write_text(json.dumps(extra_vars))
@@ -67,7 +82,7 @@ def test_rendered_unit_verifies_and_a_broken_one_does_not(tmp_path):
     assert r.returncode == 0, r.stderr
     broken = tmp_path / "broken" / "sparkops-serve.service"
     broken.parent.mkdir()
-    broken.write_text(unit.read_text().replace("ExecStart=/usr/bin/docker", "ExecStart=docker-nowhere"))
+    broken.write_text(unit.read_text().replace("ExecStart=" + HELPER, "ExecStart=helper-nowhere"))
     assert verify(broken).returncode != 0
 
 
@@ -100,3 +115,255 @@ def test_model_comes_from_the_shared_model_variables(tmp_path):
     text = unit.read_text()
     assert "/srv/sparkops/models/gemma-3n:/model:ro" in text
     assert "--served-model-name gemma-3n" in text
+
+
+# --- the unit's semantics (issue 9) ----------------------------------------------------------
+
+def test_unit_uses_the_helper_for_shm_start_bound_and_stop(tmp_path):
+    unit, _env = render(tmp_path)
+    text = unit.read_text()
+    assert "find /dev/shm" not in text and "-delete" not in text
+    assert "ExecStartPre=%s shm-clean --dir /dev/shm 'vllm*' 'psm_*'" % HELPER in text
+    assert ("ExecStart=%s run --unit sparkops-serve.service --state-dir /run/sparkops/serve --max-failed-starts 3 "
+            "--health-url http://127.0.0.1:8000/health -- \\\n    /usr/bin/docker run --rm --name sparkops-vllm" % HELPER) in text
+    assert "ExecStop=%s stop -- /usr/bin/docker stop -t 30 sparkops-vllm\n" % HELPER in text
+    assert "ExecStopPost=%s stop-post --unit sparkops-serve.service" % HELPER in text
+    assert "RestartPreventExitStatus=78\n" in text
+    recycle = (tmp_path / "sparkops-serve-recycle.service").read_text()
+    unit_section = recycle.split("[Service]")[0]
+    for line in unit_section.splitlines():
+        if line.startswith(("Requires=", "Requisite=", "BindsTo=", "PartOf=", "After=", "Upholds=", "Wants=")):
+            raise AssertionError("the recycle job depends on the server (a restart propagates to it): " + line)
+    script = (tmp_path / "sparkops-serve-recycle.sh").read_text()
+    assert "systemctl try-restart --no-block \"$unit\"" in script
+    assert "systemctl restart" not in script
+
+
+@needs_systemd
+def test_recycle_units_verify(tmp_path):
+    render(tmp_path)
+    script = tmp_path / "sparkops-serve-recycle.sh"
+    script.chmod(0o755)
+    r = verify(tmp_path / "sparkops-serve-recycle.service")
+    assert r.returncode == 0, r.stderr
+    r = verify(tmp_path / "sparkops-serve-recycle.timer")
+    assert r.returncode == 0, r.stderr
+
+
+def helper(*args, env=None, check=False):
+    return subprocess.run([sys.executable, HELPER] + list(args), capture_output=True, text=True,
+                          env=env, check=check, timeout=60)
+
+
+HOLDER = """
+import mmap, sys, time
+held = open(sys.argv[1], 'w+b'); held.write(b'x' * 4096); held.flush()
+m = open(sys.argv[2], 'w+b'); m.write(b'y' * 4096); m.flush()
+mapped = mmap.mmap(m.fileno(), 4096); m.close()
+print('ready', flush=True)
+time.sleep(120)
+"""
+
+
+def test_shm_clean_spares_objects_a_live_process_holds(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    held, mapped = shm / "vllm-held", shm / "psm_mapped"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(held), str(mapped)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        for name in ("vllm-stale", "psm_stale", "unrelated"):
+            (shm / name).write_bytes(b"z")
+        (shm / "vllm-dir").mkdir()
+        r = helper("shm-clean", "--dir", str(shm), "vllm*", "psm_*")
+        assert r.returncode == 0, r.stderr
+        assert sorted(p.name for p in shm.iterdir()) == ["psm_mapped", "unrelated", "vllm-dir", "vllm-held"]
+        assert "kept %s" % held in r.stderr and "kept %s" % mapped in r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    r = helper("shm-clean", "--dir", str(shm), "vllm*", "psm_*")
+    assert sorted(p.name for p in shm.iterdir()) == ["unrelated", "vllm-dir"]
+
+
+def fake_bin(tmp_path, name, body):
+    d = tmp_path / "bin"
+    d.mkdir(parents=True, exist_ok=True)
+    f = d / name
+    f.write_text("#!/bin/sh\n" + body)
+    f.chmod(f.stat().st_mode | stat.S_IXUSR)
+    return d
+
+
+def test_failed_starts_are_bounded_whatever_their_length(tmp_path):
+    nrestarts = tmp_path / "nrestarts"
+    bindir = fake_bin(tmp_path, "systemctl", 'cat "%s"\n' % nrestarts)
+    state = tmp_path / "state"
+    base = ["--unit", "x.service", "--state-dir", str(state), "--max-failed-starts", "3"]
+    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]))
+    count = state / "x.service.failed-starts"
+
+    def start(n, command, invocation, result="exit-code", code="exited"):
+        nrestarts.write_text("%d\n" % n)
+        e = dict(env, INVOCATION_ID=invocation)
+        r = helper("run", *base, "--", "/bin/sh", "-c", command, env=e)
+        status = r.returncode
+        helper("stop-post", *base, env=dict(e, SERVICE_RESULT=result if status else "success",
+                                             EXIT_CODE=code, EXIT_STATUS=str(status)), check=True)
+        return r
+
+    # A start by hand and two restarts of systemd's own fail: three failed starts ...
+    for n in range(3):
+        assert start(n, "exit 1", "inv%d" % n).returncode == 1
+        assert count.read_text() == "%d\n" % (n + 1)
+    # ... and the third restart is refused, with a status that systemd does not restart.
+    r = start(3, "exit 0", "inv3")
+    assert r.returncode == 78
+    assert "serve_max_failed_starts=3" in r.stderr and "systemctl reset-failed x.service" in r.stderr
+    assert count.read_text() == "3\n"                 # the refusal itself is not counted
+    # A start by hand (NRestarts=0: systemctl start, reset-failed, the role's handler) runs again.
+    assert start(0, "exit 1", "inv4").returncode == 1
+    assert count.read_text() == "1\n"
+    # A clean stop is not a failed start.
+    assert start(1, "exit 0", "inv5").returncode == 0
+    assert count.read_text() == "1\n"
+
+
+def test_a_start_that_reached_health_clears_the_count(tmp_path):
+    nrestarts = tmp_path / "nrestarts"
+    nrestarts.write_text("2\n")
+    bindir = fake_bin(tmp_path, "systemctl", 'cat "%s"\n' % nrestarts)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "x.service.failed-starts").write_text("2\n")
+    port_file = tmp_path / "port"
+    server = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""\
+        import http.server, sys
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200); self.end_headers()
+            def log_message(self, *a):
+                pass
+        s = http.server.HTTPServer(('127.0.0.1', 0), H)
+        open(sys.argv[1], 'w').write(str(s.server_port))
+        s.serve_forever()
+        """), str(port_file)])
+    try:
+        for _ in range(100):
+            if port_file.exists() and port_file.read_text():
+                break
+            time.sleep(0.1)
+        base = ["--unit", "x.service", "--state-dir", str(state), "--max-failed-starts", "3"]
+        env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]), INVOCATION_ID="inv9")
+        r = helper("run", *base, "--health-url", "http://127.0.0.1:%s/health" % port_file.read_text(),
+                   "--health-poll-s", "0.2", "--", "/bin/sh", "-c", "sleep 2; exit 1", env=env)
+        assert r.returncode == 1 and "failed-start count cleared" in r.stderr
+        helper("stop-post", *base, env=dict(env, SERVICE_RESULT="exit-code", EXIT_CODE="exited", EXIT_STATUS="1"),
+               check=True)
+        # the server crashed after it had answered: not a failed start, the count starts again
+        assert (state / "x.service.failed-starts").read_text() == "0\n"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_run_exits_with_the_servers_status(tmp_path):
+    bindir = fake_bin(tmp_path, "systemctl", "echo 1\n")
+    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]))
+    base = ["run", "--unit", "x.service", "--state-dir", str(tmp_path / "s"), "--"]
+    assert helper(*base, "/bin/sh", "-c", "exit 3", env=env).returncode == 3
+    assert helper(*base, "/bin/sh", "-c", "kill -KILL $$", env=env).returncode == 137
+    assert helper(*base, "/bin/sh", "-c", "exit 78", env=env).returncode == 1   # 78 is the guard's refusal only
+
+
+def test_stop_treats_a_vanished_container_as_stopped(tmp_path):
+    gone = fake_bin(tmp_path / "a", "docker", "echo 'Error response from daemon: No such container: c' >&2; exit 1\n")
+    r = helper("stop", "--", str(gone / "docker"), "stop", "-t", "30", "c")
+    assert r.returncode == 0 and "already gone" in r.stderr
+    down = fake_bin(tmp_path / "b", "docker", "echo 'Cannot connect to the Docker daemon' >&2; exit 1\n")
+    r = helper("stop", "--", str(down / "docker"), "stop", "-t", "30", "c")
+    assert r.returncode == 1 and "Cannot connect" in r.stderr
+    ok = fake_bin(tmp_path / "c", "docker", 'echo "$@" > "%s"\n' % (tmp_path / "args"))
+    assert helper("stop", "--", str(ok / "docker"), "stop", "-t", "30", "c").returncode == 0
+    assert (tmp_path / "args").read_text() == "stop -t 30 c\n"
+
+
+FAKE_SYSTEMCTL = """\
+s="%(d)s"
+case "$1" in
+  is-active) cat "$s/state" ;;
+  show) cat "$s/invocation" ;;
+  try-restart|restart|start|stop) echo "$@" >> "$s/restarts"; echo new > "$s/invocation"; echo active > "$s/state" ;;
+  list-jobs) : ;;
+esac
+"""
+FAKE_CURL = """\
+s="%(d)s"
+case "$*" in
+  */metrics*) echo 'vllm:num_requests_running{model_name="m"} '"$(cat "$s/running")" ;;
+  */health*) exit 0 ;;
+esac
+"""
+
+
+@pytest.fixture(name="rendered")
+def fixture_rendered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("render")
+    render(out)
+    return out
+
+
+@pytest.mark.parametrize("state, running, rc, restarts", [
+    ("active", "0", 0, "try-restart --no-block sparkops-serve.service\n"),   # idle: once
+    ("active", "1", 75, None),                                           # busy: gives up at the bound
+    ("inactive", "0", 0, None),                                          # stopped: left stopped
+])
+def test_recycle_script(rendered, tmp_path, state, running, rc, restarts):
+    d = tmp_path / "fake"
+    d.mkdir()
+    (d / "state").write_text(state + "\n")
+    (d / "invocation").write_text("old\n")
+    (d / "running").write_text(running + "\n")
+    fake_bin(tmp_path, "systemctl", FAKE_SYSTEMCTL % {"d": d})
+    bindir = fake_bin(tmp_path, "curl", FAKE_CURL % {"d": d})
+    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]),
+               SPARKOPS_RECYCLE_DRAIN_TIMEOUT_S="2", SPARKOPS_RECYCLE_POLL_S="1")
+    t0 = time.monotonic()
+    r = subprocess.run(["/bin/sh", str(rendered / "sparkops-serve-recycle.sh")], capture_output=True, text=True,
+                       env=env, timeout=60, check=False)
+    assert r.returncode == rc, r.stdout + r.stderr
+    assert (d / "restarts").read_text() == restarts if restarts else not (d / "restarts").exists()
+    if rc == 75:
+        assert time.monotonic() - t0 >= 2 and "untouched" in r.stderr
+
+
+def test_a_bad_recycle_calendar_is_refused_naming_the_variable(tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is needed")
+    playbook = tmp_path / "calendar.yml"
+    playbook.write_text(textwrap.dedent("""\
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: a good value passes
+              ansible.builtin.include_tasks: %(role)s/tasks/recycle_calendar.yml
+              vars:
+                serve_recycle_on_calendar: "*-*-* 04:00:00"
+            - block:
+                - ansible.builtin.include_tasks: %(role)s/tasks/recycle_calendar.yml
+                  vars:
+                    serve_recycle_on_calendar: "every day; rm -rf /"
+                - ansible.builtin.fail:
+                    msg: NOT REFUSED
+              rescue:
+                - ansible.builtin.copy:
+                    content: "{{ ansible_failed_result.msg }}"
+                    dest: "%(out)s/refusal.txt"
+                    mode: "0644"
+        """ % {"role": ROLE, "out": tmp_path}))
+    r = subprocess.run(["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook),
+                        "-e", "ansible_python_interpreter=" + sys.executable],
+                       cwd=ROOT, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    refusal = (tmp_path / "refusal.txt").read_text()
+    assert 'serve_recycle_on_calendar "every day; rm -rf /" is not an OnCalendar= value' in refusal
