@@ -12,3 +12,8 @@ done
 printf '/swap.img\tnone\tswap\tsw\t0\t0\n' >>/etc/fstab
 echo 'sparkops-lab' >/etc/hostname
 : >/etc/machine-id
+# The example inventory's Ansible user (ansible_user: sparkops, ansible_become: true), as on a real
+# Spark: a login user with passwordless sudo. Lab Sparks are reached as that user (docker exec -u).
+useradd --create-home --shell /bin/bash sparkops
+printf 'sparkops ALL=(ALL) NOPASSWD:ALL\n' >/etc/sudoers.d/sparkops
+chmod 0440 /etc/sudoers.d/sparkops

@@ -22,7 +22,8 @@ description:
     earlier killed pack are removed.
   - Idempotent without re-reading the data. The index carries a fingerprint of the selected
     source tensors (names, dtypes, shapes, byte ranges, shard sizes and mtimes) and of the
-    layout; an existing pack with the same fingerprint is left alone.
+    layout; an existing pack with the same fingerprint is left alone (with O(verify), only
+    when its tables still match their source shards and its index, see O(verify)).
   - Returns the figures the memory plan needs, C(ple_bytes), C(ple_gib) and the checkpoint's
     C(weight_bytes), also in check mode.
   - Bad input fails with a message naming the file and the problem, before anything is
@@ -62,8 +63,14 @@ options:
     description:
       - After writing, re-read every table from the packed file and compare its sha256 with the
         one computed from the source while copying.
-      - When the pack is already up to date, re-hash its tables against its index; a mismatch
-        makes the module rewrite the pack (reported as changed).
+      - When the pack is already up to date by its fingerprint, re-read every table twice - from
+        its source shard and from the pack - and compare both sha256 with the index. A source
+        table whose bytes changed without a change of the shard's size or mtime (a shard
+        rewritten in place, its mtime restored) makes the module repack from the checkpoint
+        as it is now, with a warning naming the table and the shard (RV(source_changed)); a
+        packed table that no longer matches its index (RV(verify_failed)) makes it rewrite
+        the pack too. Both are reported as changed (in check mode: would change).
+      - Without O(verify) only the fingerprint is compared, which reads no table data.
     type: bool
     default: false
   mode:
@@ -172,6 +179,16 @@ verify_failed:
   returned: success
   type: list
   elements: str
+source_changed:
+  description:
+    - With O(verify), the tables whose bytes in the source shard differ from the packed ones
+      although the shard's size and mtime did not change; the pack is rebuilt from the source.
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - table: model.language_model.embed_tokens_per_layer.weight
+      shard: model-00001-of-00004.safetensors
 removed_temp_files:
   description: Temporary files of earlier killed packs that were removed.
   returned: success
@@ -399,6 +416,40 @@ def verify_pack(path, index):
     return bad
 
 
+def verify_against_sources(path, index, tables):
+    """Re-read every table from its source shard and from the pack; compare both with the index.
+
+    tables are the selected source tensors, in index order (the fingerprint matched, so the
+    layouts agree). Each range is streamed through hash_range's one buffer, several ranges at
+    a time in threads. Returns (source_changed, pack_bad): the source tables whose bytes are no
+    longer those packed ({"table", "shard"}), and the names of the tables whose packed bytes do
+    not match the index.
+    """
+    entries = index["tables"]
+    stop = threading.Event()
+    workers = max(1, min(2 * len(entries), os.cpu_count() or 1, 8))
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        jobs = []
+        for t, entry in zip(tables, entries):
+            jobs.append((t, entry,
+                         pool.submit(hash_range, t.shard, t.begin, t.end, stop=stop),
+                         pool.submit(hash_range, path, entry["offset"], entry["offset"] + entry["nbytes"], stop=stop)))
+        source_changed = []
+        pack_bad = []
+        for t, entry, source_hash, pack_hash in jobs:
+            if source_hash.result() != entry.get("sha256"):
+                source_changed.append({"table": t.name, "shard": os.path.basename(t.shard)})
+            if pack_hash.result() != entry.get("sha256"):
+                pack_bad.append(entry["name"])
+        return source_changed, pack_bad
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def weight_bytes(checkpoint_dir, exclude=()):
     """Bytes of the regular files under checkpoint_dir (symlinks followed, hidden entries skipped)."""
     excluded = set(os.path.realpath(p) for p in exclude)
@@ -586,14 +637,22 @@ def pack(checkpoint_dir, dest, name_patterns=None, alignment=4096, verify=False,
     result["weight_gib"] = round(wb / GIB, 6)
 
     verify_failed = []
+    source_changed = []
     if up_to_date and verify:
-        verify_failed = verify_pack(dest, before)
-        up_to_date = not verify_failed
-        result["verified"] = not verify_failed
+        try:
+            source_changed, verify_failed = verify_against_sources(dest, before, tables)
+        except SafetensorsError as exc:
+            raise PackError("verify: %s" % exc)
+        up_to_date = not (verify_failed or source_changed)
+        result["verified"] = up_to_date
     result["verify_failed"] = verify_failed
+    result["source_changed"] = source_changed
 
     current_mode = os.stat(dest).st_mode & 0o7777 if before is not None else None
     before_text = describe(before, current_mode) if invalid is None else "# %s: %s\n" % (dest, invalid)
+    for changed in source_changed:
+        before_text += "# source changed since packed (same shard size and mtime): %s in %s\n" % (
+            changed["table"], changed["shard"])
     if verify_failed:
         before_text += "# sha256 mismatch in: %s\n" % ", ".join(verify_failed)
     stale = [] if check_mode else stale_temp_files(dest)
@@ -652,6 +711,14 @@ def main():
                       check_mode=module.check_mode, move=move)
     except PackError as exc:
         module.fail_json(msg=str(exc), dest=p["dest"])
+    for changed in result["source_changed"]:
+        module.warn("verify: table %s in %s/%s no longer matches the pack, although the shard's size "
+                    "and mtime did not change (rewritten in place); %s the pack from the checkpoint as "
+                    "it is now" % (changed["table"], p["checkpoint_dir"], changed["shard"],
+                                   "would rebuild" if module.check_mode else "rebuilt"))
+    if result["verify_failed"]:
+        module.warn("verify: the packed bytes of %s did not match the pack's index; %s the pack"
+                    % (", ".join(result["verify_failed"]), "would rewrite" if module.check_mode else "rewrote"))
     module.exit_json(**result)
 
 

@@ -6,6 +6,7 @@ killed after the grace), the incident archive, the metrics file, memwatch's log.
 Run in file order: the first incident stops the container converge started; the second one
 uses a container that ignores SIGTERM.
 """
+import base64
 import json
 import time
 
@@ -200,3 +201,65 @@ def test_stop_via_the_serve_unit_leaves_it_stopped_no_restart(host, image):
     assert props["ActiveState"] in ("inactive", "failed")
     assert props["NRestarts"] == "0"
     assert container_state(host) == (False, 143)
+
+
+# A stand-in for the docker CLI (not docker): an engine that does not answer. memwatch is
+# pointed at it through the "docker" key of its configuration (memwatch_docker_path).
+DOCKER_FAILS = "/usr/local/bin/memwatch-test-standin-docker-fails"
+DOCKER_FAILS_SCRIPT = """#!/bin/sh
+# stand-in docker CLI for the memwatch test: the engine does not answer
+echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running? (stand-in)" >&2
+exit 1
+"""
+CONFIG = "/etc/sparkops/memwatch.json"
+
+
+def put_file(host, path, text, mode="0644"):
+    """Write ``text`` to ``path`` on the lab Spark exactly (base64: no quoting issues)."""
+    data = base64.b64encode(text.encode("utf-8")).decode("ascii")
+    host.run_test("echo %s | base64 -d > %s.tmp && chmod %s %s.tmp && mv %s.tmp %s" % (data, path, mode, path, path, path))
+    assert host.file(path).content_string == text
+
+
+def test_docker_unknown_still_stops_the_serve_unit_through_systemd(host, image):
+    """Unknown is not absent: with a docker CLI that fails and memwatch in docker-only mode
+    (stop_via_unit false), a firing still stops the serve unit through systemd (no restart),
+    and the log and the metrics say that docker did not answer."""
+    original = host.file(CONFIG).content_string
+    put_file(host, DOCKER_FAILS, DOCKER_FAILS_SCRIPT, mode="0755")
+    cfg = json.loads(original)
+    cfg.update({"docker": DOCKER_FAILS, "stop_via_unit": False})
+    try:
+        put_file(host, CONFIG + ".test", json.dumps(cfg, indent=2) + "\n")
+        host.run_test("/usr/local/bin/memwatch check-config %s.test >/dev/null && mv %s.test %s" % (CONFIG, CONFIG, CONFIG))
+        write_meminfo(host, 60, 30)
+        host.run_test("systemctl restart memwatch.service")
+        wait_for("re-arming after recovery", lambda: host.file(METRICS).exists and metrics(host)["memwatch_armed"] == 1)
+        host.run_test("systemctl start sparkops-serve.service")
+        wait_for("the unit's container", lambda: container_state(host) == (True, 0))
+        write_meminfo(host, 5, 3)
+        action = wait_for("the fourth action", lambda: len(events(host, "action")) == 4 and events(host, "action"))[-1]
+        assert action["result"] == "unit_stopped", action
+        assert action["docker_unknown"] is True
+        assert "Cannot connect to the Docker daemon" in action["docker_errors"][0]
+        assert ("systemctl stop sparkops-serve.service", 0) in [(s["step"], s.get("rc")) for s in action["steps"]]
+        assert any("retries within the 3 s grace" in s["step"] for s in action["steps"])
+        unknown = events(host, "docker_unknown")
+        assert unknown and "stand-in" in unknown[-1]["error"]
+        assert [e["step"] for e in events(host, "escalation")] == ["unit_stop"]
+        # the unit's ExecStop (the real docker) stopped the container gracefully: exit 143
+        wait_for("the container to exit", lambda: container_state(host) == (False, 143))
+        props = host.service("sparkops-serve.service").systemd_properties
+        assert props["ActiveState"] in ("inactive", "failed")
+        time.sleep(4)  # > RestartSec=1: a restart would have happened by now
+        assert host.service("sparkops-serve.service").systemd_properties["NRestarts"] == "0"
+        m = metrics(host)
+        assert m["memwatch_docker_unknown_total"] == 1
+        assert m['memwatch_docker_unknown_steps_total{step="retry"}'] >= 1
+        assert m['memwatch_docker_unknown_steps_total{step="unit_stop"}'] == 1
+        assert m['memwatch_docker_unknown_steps_total{step="unit_kill"}'] == 0
+        assert m['memwatch_actions_total{result="unit_stopped"}'] == 1
+    finally:
+        put_file(host, CONFIG, original)
+        host.run("rm -f %s" % DOCKER_FAILS)
+        host.run("systemctl restart memwatch.service")

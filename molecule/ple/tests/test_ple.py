@@ -123,3 +123,65 @@ def test_a_pack_killed_midway_leaves_no_file_and_a_rerun_succeeds(host):
         assert info["ple_bytes"] == 1024 * 1024 * 1024 + 33 * 17 * 2
     finally:
         host.run("rm -rf %s %s %s/.ple-kill-test.ple.*" % (big, dest, MODELS))
+
+
+# Rewrites one PLE table of a shard in place (every byte flipped), then restores the shard's
+# atime and mtime: same size, same mtime, other bytes. Prints the shard's name.
+REWRITE = textwrap.dedent(r"""
+    import json, os, sys
+    ckpt, name = sys.argv[1], sys.argv[2]
+    for shard in sorted(f for f in os.listdir(ckpt) if f.endswith(".safetensors")):
+        path = os.path.join(ckpt, shard)
+        with open(path, "r+b") as f:
+            hlen = int.from_bytes(f.read(8), "little")
+            entry = json.loads(f.read(hlen)).get(name)
+            if entry is None:
+                continue
+            st = os.fstat(f.fileno())
+            begin, end = entry["data_offsets"]
+            f.seek(8 + hlen + begin)
+            data = f.read(end - begin)
+            f.seek(8 + hlen + begin)
+            f.write(bytes(b ^ 0xFF for b in data))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        after = os.stat(path)
+        assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        print(shard)
+        break
+""")
+
+
+def test_verify_rereads_the_shards_and_repacks_one_rewritten_in_place(host):
+    ckpt, dest = MODELS + "/ple-verify-test", MODELS + "/ple-verify-test.ple"
+    name = "model.language_model.embed_tokens_per_layer.weight"
+    host.run("rm -rf %s %s" % (ckpt, dest))
+    host.run_expect([0], "cp -a %s %s" % (CKPT, ckpt))
+    try:
+        args = "checkpoint_dir=%s dest=%s" % (ckpt, dest)
+        first = host.ansible("sparkops.appliance.ple_pack", args, check=False)
+        assert first["changed"] is True, first
+        cmd = host.run("cat > %s/rewrite.py <<'EOF'\n%s\nEOF\n/usr/bin/python3 %s/rewrite.py %s %s"
+                       % (TOOLS, REWRITE, TOOLS, ckpt, name))
+        assert cmd.rc == 0 and cmd.stdout.strip().endswith(".safetensors"), cmd.stdout + cmd.stderr
+        shard = cmd.stdout.strip()
+        # without verify: same sizes and mtimes, nothing is read, the stale pack stays
+        quiet = host.ansible("sparkops.appliance.ple_pack", args, check=False)
+        assert quiet["changed"] is False and quiet.get("source_changed", []) == []
+        assert check_pack_fails(host, dest, ckpt)
+        # with verify: the table and its shard are named, and the pack follows the checkpoint
+        loud = host.ansible("sparkops.appliance.ple_pack", args + " verify=true", check=False)
+        assert loud["changed"] is True and loud["verified"] is True, loud
+        assert loud["source_changed"] == [{"table": name, "shard": shard}]
+        info = check_pack(host, dest, ckpt)  # every packed byte equals the shard's, sha256 match
+        assert info["tables"][0][0] == name
+        again = host.ansible("sparkops.appliance.ple_pack", args + " verify=true", check=False)
+        assert again["changed"] is False and again["verified"] is True
+    finally:
+        host.run("rm -rf %s %s" % (ckpt, dest))
+
+
+def check_pack_fails(host, pack, ckpt):
+    """True when the independent reader finds the pack's bytes differ from the source shard."""
+    cmd = host.run("cat > %s/check_pack.py <<'EOF'\n%s\nEOF\n/usr/bin/python3 %s/check_pack.py %s %s"
+                   % (TOOLS, CHECK, TOOLS, pack, ckpt))
+    return cmd.rc != 0 and "AssertionError" in cmd.stderr

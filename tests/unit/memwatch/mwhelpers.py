@@ -67,6 +67,16 @@ def save():
     with open(path, "w") as h:
         json.dump(st, h)
 save()
+# The engine: "up", "down" (every call fails as when dockerd is not running) or "hang" (no
+# answer: a hung engine). engine_down_calls: only the next N calls fail, then it is up again.
+engine = st.get("engine", "up")
+if st.get("engine_down_calls", 0) > 0:
+    st["engine_down_calls"] -= 1; engine = "down"; save()
+if engine == "down":
+    sys.stderr.write("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+                     "Is the docker daemon running?\n"); sys.exit(1)
+if engine == "hang":
+    time.sleep(60)
 name = argv[-1]
 exists = st.get("exists", True) and name == st.get("name")
 if argv[0] == "inspect":
@@ -97,20 +107,39 @@ else:
 '''
 
 FAKE_SYSTEMCTL = r'''#!/usr/bin/env python3
-# A fake systemctl: `stop <unit>` stops the fake container (as the serve unit's ExecStop would).
+# A fake systemctl for one unit (the serve unit). `stop <unit>` stops the fake container, as
+# the serve unit's ExecStop would; unit_state is its ActiveState. stop_mode "fail": the stop
+# job fails and the unit stays active. `kill` kills the unit's processes: a pending stop job
+# then completes (inactive); like the real unit, whose main process is the docker client, it
+# does not touch the container.
 import json, os, sys
 path = os.environ["FAKE_DOCKER_STATE"]
 with open(path) as h:
     st = json.load(h)
-st.setdefault("systemctl_calls", []).append(sys.argv[1:])
-if sys.argv[1:2] == ["stop"] and st.get("unit_loaded", True):
-    st["running"] = False; st["exit_code"] = 0
-    with open(path, "w") as h:
-        json.dump(st, h)
-    sys.exit(0)
+argv = sys.argv[1:]
+st.setdefault("systemctl_calls", []).append(argv)
+loaded = st.get("unit_loaded", True)
+rc = 0
+if not loaded and argv[0] in ("stop", "kill"):
+    sys.stderr.write("Failed to %s %s: Unit not loaded.\\n" % (argv[0], argv[-1])); rc = 5
+elif argv[0] == "stop" and "--no-block" in argv:
+    if st.get("unit_state", "active") == "active":
+        st["unit_state"] = "deactivating"
+elif argv[0] == "stop":
+    if st.get("stop_mode") == "fail":
+        sys.stderr.write("Job for %s failed.\\n" % argv[-1]); rc = 1
+    else:
+        st["running"] = False; st["exit_code"] = 0; st["unit_state"] = "inactive"
+elif argv[0] == "kill":
+    st["unit_state"] = "inactive" if st.get("unit_state") == "deactivating" else "failed"
+elif argv[0] == "show":
+    print("LoadState=%s" % ("loaded" if loaded else "not-found"))
+    print("ActiveState=%s" % (st.get("unit_state", "active") if loaded else "inactive"))
+else:
+    rc = 64
 with open(path, "w") as h:
     json.dump(st, h)
-sys.stderr.write("Failed to stop %s: Unit not loaded.\n" % sys.argv[-1]); sys.exit(5)
+sys.exit(rc)
 '''
 
 
@@ -150,6 +179,7 @@ class Lab:
             "shm_dir": str(self.shm),
         }
         os.makedirs(str(tmp_path / "log"))
+        self.dogs = []
 
     def set_container(self, **fields):
         st = {"name": "vllm-test", "running": True, "exit_code": 0, "mode": "graceful"}
@@ -174,7 +204,15 @@ class Lab:
 
     def watchdog(self, mw, **overrides):
         cfg = mw.validate_config(dict(self.config, **overrides))
-        return mw.Watchdog(cfg, mw.Log(cfg["log_file"], cfg["log_max_bytes"], stream=open(os.devnull, "w")))
+        dog = mw.Watchdog(cfg, mw.Log(cfg["log_file"], cfg["log_max_bytes"], stream=open(os.devnull, "w")))
+        self.dogs.append(dog)
+        return dog
+
+    def close(self):
+        for dog in self.dogs:
+            close = getattr(dog, "close", None)
+            if close is not None:
+                close()
 
     def log_events(self):
         path = self.tmp / "log" / "memwatch.log"
@@ -210,7 +248,9 @@ def parse_metrics(text):
 
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
-    return Lab(tmp_path, monkeypatch)
+    the_lab = Lab(tmp_path, monkeypatch)
+    yield the_lab
+    the_lab.close()
 
 
 @pytest.fixture

@@ -1,0 +1,164 @@
+"""What a user of the example inventory gets on a lab Spark after site.yml: the host tuned, the
+model served with the plan's KV pool, memwatch watching the real server by its real name, check
+mode that changes nothing, and memwatch stopping the real server gracefully under a drill."""
+import json
+import os
+import re
+import subprocess
+import time
+
+import testinfra.utils.ansible_runner
+
+INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
+PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.getcwd())
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("all")
+
+UNIT = "sparkops-serve"          # spark_serve_unit_name's default (roles/common)
+# Files and units that site.yml owns on a Spark: check mode and refused input must leave them be.
+OWNED = ("/etc/sysctl.d/90-sparkops.conf /etc/fstab /etc/sparkops/* /etc/systemd/system/sparkops-* "
+         "/etc/systemd/system/memwatch.service /usr/local/bin/memwatch /usr/local/sbin/sparkops-* "
+         "/var/lib/sparkops/runtime-image/state.json")
+
+
+def _playbook(book, *extra):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    cmd = ["ansible-playbook", "-i", INVENTORY, book] + list(extra)
+    return subprocess.run(cmd, env=env, cwd=PROJECT, capture_output=True, text=True, timeout=900, check=False)
+
+
+def _site(*extra):
+    return _playbook(os.path.join(PROJECT, "playbooks", "site.yml"), *extra)
+
+
+def owned_files_digest(host):
+    """sha256 of every file site.yml owns on the host, as one listing."""
+    return host.check_output("sha256sum %s 2>/dev/null | sort -k2 || true" % OWNED)
+
+
+def _wait(what, check, timeout=180):
+    """Wait for the state an assertion is about, with a bound."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if check():
+            return
+        time.sleep(1)
+    raise AssertionError("timed out after %d s waiting for %s" % (timeout, what))
+
+
+def _unit(host, unit, *props):
+    out = host.check_output("systemctl show -p %s %s" % (",".join(props), unit))
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_sysctl_file_has_the_settings(host):
+    conf = host.file("/etc/sysctl.d/90-sparkops.conf")
+    assert conf.exists and conf.user == "root" and conf.mode == 0o644
+    settings = dict(
+        (key.strip(), value.strip())
+        for key, _sep, value in (
+            line.partition("=") for line in conf.content_string.splitlines()
+            if line.strip() and not line.startswith("#")
+        )
+    )
+    assert settings == {"vm.min_free_kbytes": "65536", "vm.vfs_cache_pressure": "200"}
+
+
+def test_no_active_swap_line_in_fstab(host):
+    fstab = host.file("/etc/fstab").content_string
+    active = [line for line in fstab.splitlines()
+              if line.strip() and not line.lstrip().startswith("#") and line.split()[2:3] == ["swap"]]
+    assert active == []
+    # The image ships a swap line: it is still there, commented out with the reason.
+    assert re.search(r"^# disabled by sparkops\.appliance .*/swap\.img\s+none\s+swap", fstab, re.M)
+    # (Live swap is the kernel's, shared by every container of this machine: a lab Spark cannot
+    # have swap of its own, so `swapoff -a` is not observable here; the fstab line is.)
+
+
+def test_jemalloc_present(host):
+    assert host.package("libjemalloc2").is_installed
+    libs = host.run("ldconfig -p").stdout
+    assert re.search(r"libjemalloc\.so\.2 .*=> /", libs)
+
+
+def test_the_whole_flow_serves_the_model(host):
+    # site.yml fetched the checkpoint, planned, built the runtime image and started the unit.
+    assert host.service(UNIT).is_running
+    out = host.check_output(
+        "curl -sf http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' "
+        "-d '{\"model\": \"tiny-llama\", \"prompt\": \"hello\", \"max_tokens\": 4}'")
+    body = json.loads(out)
+    assert body["choices"][0]["finish_reason"] == "length"
+    report = json.loads(host.file("/var/lib/sparkops/serve/plan-vs-actual.json").content_string)
+    # vLLM sized its KV pool from the plan's --kv-cache-memory-bytes (block rounding aside).
+    planned = report["plan"]["kv_cache_memory_bytes"] / 2 ** 30
+    assert abs(report["actual"]["kv_cache_gib"] - planned) < 0.1 * planned
+    assert host.service("memwatch").is_running
+
+
+def test_memwatch_watches_the_container_that_serve_runs(host):
+    # memwatch runs in a play of its own: the names must be the serve role's, not a fallback.
+    config = json.loads(host.file("/etc/sparkops/memwatch.json").content_string)
+    container = "sparkops-vllm-" + host.backend.get_hostname()   # spark_serve_container_name (lab)
+    assert config["container_name"] == container
+    assert config["serve_unit"] == UNIT + ".service"
+    running = host.check_output("docker inspect -f '{{.State.Running}}' %s" % container)
+    assert running == "true"
+
+
+def test_check_mode_on_the_converged_spark_changes_nothing(host):
+    before = owned_files_digest(host)
+    invocation = _unit(host, UNIT, "InvocationID")["InvocationID"]
+    result = _site("--check", "--diff")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    recap = re.search(r"^%s\s+: ok=\d+\s+changed=(\d+)" % re.escape(host.backend.get_hostname()), out, re.M)
+    assert recap and recap.group(1) == "0", out[-4000:]
+    assert owned_files_digest(host) == before
+    assert _unit(host, UNIT, "InvocationID")["InvocationID"] == invocation   # not restarted
+
+
+DRILL_DIR = "/var/lib/sparkops-drill"
+KIB_PER_GIB = 1024 * 1024
+
+
+def _drill_meminfo(host, avail_gib, free_gib):
+    text = ("MemTotal:       24683000 kB\\nMemFree:        %d kB\\nMemAvailable:   %d kB\\n"
+            "Cached:         3000000 kB\\nAnonPages:      3000000 kB\\nShmem:          20000 kB\\n"
+            "Slab:           900000 kB\\nPageTables:     65000 kB\\n"
+            % (free_gib * KIB_PER_GIB, avail_gib * KIB_PER_GIB))
+    host.run_test("mkdir -p %s && printf '%s' > %s/meminfo.tmp && mv %s/meminfo.tmp %s/meminfo"
+                  % (DRILL_DIR, text, DRILL_DIR, DRILL_DIR, DRILL_DIR))
+
+
+def test_zz_memwatch_stops_the_real_server_gracefully(host):
+    # Runs last (zz): it stops the server that the other tests use.
+    container = "sparkops-vllm-" + host.backend.get_hostname()   # spark_serve_container_name (lab)
+    _drill_meminfo(host, 12, 8)  # healthy
+    drill = _playbook(os.path.join(os.path.dirname(__file__), "..", "memwatch-drill.yml"))
+    assert drill.returncode == 0, drill.stdout + drill.stderr
+    assert host.service(UNIT).is_running
+    archives_before = host.run("ls /var/lib/memwatch/incidents").stdout.split()
+    _drill_meminfo(host, 4, 1)  # rule A (and B): MemAvailable < 6 GiB
+    # The stop takes up to the 30 s docker stop grace: wait for the unit to be inactive (not merely
+    # no longer active: "deactivating" is still inside the grace), then look at the container.
+    _wait("the serve unit to be inactive after memwatch's stop",
+          lambda: _unit(host, UNIT, "ActiveState")["ActiveState"] in ("inactive", "failed"))
+    assert _unit(host, UNIT, "ActiveState")["ActiveState"] == "inactive"   # a clean stop, not a failure
+    state = host.check_output("docker inspect -f '{{.State.Running}} {{.State.ExitCode}}' %s 2>/dev/null || true"
+                              % container)
+    # vLLM exits 0 on SIGTERM (graceful), or --rm removed the container altogether.
+    assert state in ("false 0", ""), state
+    archives = host.run("ls /var/lib/memwatch/incidents").stdout.split()
+    new = [a for a in archives if a not in archives_before]
+    assert len(new) == 1, archives
+    listing = host.check_output("tar -tzf /var/lib/memwatch/incidents/%s" % new[0])
+    assert "container.log" in listing and "memwatch.log" in listing
+    # systemd does not restart a unit stopped on request (no ping-pong with Restart=on-failure):
+    # wait past RestartSec (+ margin) before saying it did not come back.
+    props = _unit(host, UNIT, "RestartUSec", "NRestarts")
+    restart_s = float(re.match(r"(\d+)", props["RestartUSec"]).group(1)) if props["RestartUSec"].endswith("s") else 15
+    time.sleep(restart_s + 5)
+    after = _unit(host, UNIT, "ActiveState", "NRestarts")
+    assert after["ActiveState"] == "inactive" and after["NRestarts"] == props["NRestarts"], after
+    metrics = host.file("/var/lib/prometheus/node-exporter/memwatch.prom").content_string
+    assert 'memwatch_rule_fires_total{rule="available"} 1' in metrics

@@ -1,0 +1,209 @@
+"""The ple role through ansible-playbook: its two paths suffice, and every bad ple_* value is
+refused on the controller, before anything connects to the host, with a message that names the
+variable, the value and the fix."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "unit", "plugins"))
+
+from ple_checkpoints import PLE, PLE_AUDIO, build_checkpoint  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def playbook(tmp_path, inventory, play, extra=()):
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    (tmp_path / "play.yml").write_text(textwrap.dedent(play))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    return subprocess.run(["ansible-playbook", "-i", str(tmp_path / "inventory.json"), str(tmp_path / "play.yml")]
+                          + list(extra), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_two_ple_paths_suffice_without_spark_model_vars(tmp_path):
+    """No spark_model_dir, no spark_model_name: ple_checkpoint_dir and ple_pack_file are enough."""
+    build_checkpoint(tmp_path / "ckpt")
+    pack = tmp_path / "out" / "m.ple"
+    inventory = {"all": {"hosts": {"spark": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        "ple_checkpoint_dir": str(tmp_path / "ckpt"), "ple_pack_file": str(pack)}}}}
+    proc = playbook(tmp_path, inventory, """
+        - hosts: spark
+          gather_facts: false
+          roles:
+            - role: sparkops.appliance.ple
+          tasks:
+            - name: Save the facts handed to the memory plan
+              ansible.builtin.copy:
+                content: "{{ {'bytes': spark_ple_bytes, 'file': spark_ple_pack_file} | to_json }}"
+                dest: "%s"
+                mode: "0600"
+        """ % (tmp_path / "facts.json"))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "spark_model_dir" not in proc.stdout
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    assert facts["file"] == str(pack) and pack.is_file()
+    tables = json.loads(pack.read_bytes()[24:24 + int.from_bytes(pack.read_bytes()[16:24], "little")])["tables"]
+    assert [t["name"] for t in tables] == [PLE, PLE_AUDIO]
+    assert int(facts["bytes"]) == sum(t["nbytes"] for t in tables)
+
+
+GOOD = {"ple_checkpoint_dir": "/srv/sparkops/models/m", "ple_pack_file": "/srv/sparkops/models/m.ple"}
+
+# (case id, variables, the variable the message must name, its value, a piece of the fix)
+BAD = [
+    ("ckpt-relative", {"ple_checkpoint_dir": "models/m"}, "ple_checkpoint_dir", "models/m", "write it from /"),
+    ("pack-relative", {"ple_pack_file": "m.ple"}, "ple_pack_file", "m.ple", "write it from /"),
+    ("ckpt-dotdot", {"ple_checkpoint_dir": "/srv/sparkops/../etc"}, "ple_checkpoint_dir", "/srv/sparkops/../etc",
+     "without '..'"),
+    ("pack-dotdot", {"ple_pack_file": "/srv/sparkops/models/../../etc/m.ple"}, "ple_pack_file",
+     "/srv/sparkops/models/../../etc/m.ple", "without '..'"),
+    ("pack-dotdot-end", {"ple_pack_file": "/srv/sparkops/.."}, "ple_pack_file", "/srv/sparkops/..", "without '..'"),
+    ("ckpt-newline", {"ple_checkpoint_dir": "/srv/sparkops/models/m\nx"}, "ple_checkpoint_dir",
+     "/srv/sparkops/models/m\nx", "on one line"),
+    ("pack-trailing-newline", {"ple_pack_file": "/srv/sparkops/models/m.ple\n"}, "ple_pack_file",
+     "/srv/sparkops/models/m.ple\n", "on one line"),
+    ("ckpt-tab", {"ple_checkpoint_dir": "/srv/sparkops/models/m\t"}, "ple_checkpoint_dir",
+     "/srv/sparkops/models/m\t", "on one line"),
+    ("ckpt-list", {"ple_checkpoint_dir": ["/srv/sparkops/models/m"]}, "ple_checkpoint_dir",
+     ["/srv/sparkops/models/m"], "must be a string"),
+    ("ckpt-number", {"ple_checkpoint_dir": 17}, "ple_checkpoint_dir", 17, "must be a string"),
+    ("pack-is-dir", {"ple_pack_file": "/srv/sparkops/models/"}, "ple_pack_file", "/srv/sparkops/models/",
+     "path of the packed file"),
+    ("pack-is-ckpt", {"ple_pack_file": "/srv/sparkops//models/m"}, "ple_pack_file", "/srv/sparkops//models/m",
+     "Set ple_pack_file to"),
+    ("pack-is-a-shard", {"ple_pack_file": "/srv/sparkops/models/m/ple.safetensors"}, "ple_pack_file",
+     "/srv/sparkops/models/m/ple.safetensors", "read as a shard"),
+    ("no-paths-no-model", {"ple_checkpoint_dir": None, "ple_pack_file": None}, "ple_checkpoint_dir", "",
+     "set ple_checkpoint_dir and ple_pack_file"),
+    ("model-name-dotdot", {"ple_checkpoint_dir": None, "ple_pack_file": None, "spark_model_dir": "/srv/m",
+                           "spark_model_name": "../x"}, "ple_checkpoint_dir", "/srv/m/../x", "spark_model_name holds"),
+    ("align-5000", {"ple_alignment": 5000}, "ple_alignment", 5000, "power of two"),
+    ("align-2048", {"ple_alignment": 2048}, "ple_alignment", 2048, "power of two"),
+    ("align-0", {"ple_alignment": 0}, "ple_alignment", 0, "power of two"),
+    ("align-negative", {"ple_alignment": -4096}, "ple_alignment", -4096, "power of two"),
+    ("align-2GiB", {"ple_alignment": 2 ** 31}, "ple_alignment", 2 ** 31, "power of two"),
+    ("align-float", {"ple_alignment": 4096.5}, "ple_alignment", 4096.5, "power of two"),
+    ("align-word", {"ple_alignment": "abc"}, "ple_alignment", "abc", "power of two"),
+    ("align-newline", {"ple_alignment": "4096\n"}, "ple_alignment", "4096\n", "whole number"),
+    ("align-bool", {"ple_alignment": True}, "ple_alignment", True, "power of two"),
+    ("patterns-string", {"ple_name_patterns": "embed_tokens_per_layer"}, "ple_name_patterns",
+     "embed_tokens_per_layer", "write it as a list"),
+    ("patterns-empty", {"ple_name_patterns": []}, "ple_name_patterns", [], "non-empty YAML list"),
+    ("patterns-number", {"ple_name_patterns": [1]}, "ple_name_patterns", [1], "list of strings"),
+    ("patterns-dict", {"ple_name_patterns": {"a": "b"}}, "ple_name_patterns", {"a": "b"}, "list of strings"),
+    ("patterns-bad-regex", {"ple_name_patterns": ["ok", "embed[("]}, "ple_name_patterns", ["ok", "embed[("],
+     "Not a valid"),
+    ("patterns-newline", {"ple_name_patterns": ["embed\nx"]}, "ple_name_patterns", ["embed\nx"], "on one line"),
+    ("patterns-empty-string", {"ple_name_patterns": [""]}, "ple_name_patterns", [""], "non-empty"),
+    ("verify-string-false", {"ple_verify": "false"}, "ple_verify", "false", "without quotes"),
+    ("verify-string-yes", {"ple_verify": "yes"}, "ple_verify", "yes", "without quotes"),
+    ("verify-word", {"ple_verify": "maybe"}, "ple_verify", "maybe", "without quotes"),
+    ("verify-number", {"ple_verify": 1}, "ple_verify", 1, "without quotes"),
+    ("enabled-string-false", {"ple_enabled": "false"}, "ple_enabled", "false", "without quotes"),
+    ("enabled-string-no", {"ple_enabled": "no"}, "ple_enabled", "no", "without quotes"),
+    ("mode-number", {"ple_file_mode": 420}, "ple_file_mode", 420, "quoted string"),
+    ("mode-symbolic", {"ple_file_mode": "rw-r--r--"}, "ple_file_mode", "rw-r--r--", "quoted string"),
+    ("mode-newline", {"ple_file_mode": "0644\n"}, "ple_file_mode", "0644\n", "quoted string"),
+]
+
+# Valid: refused by none of the checks (ple_enabled false skips the rest, as site.yml skips the role)
+ACCEPTED = [
+    ("defaults-from-spark-model", {"ple_checkpoint_dir": None, "ple_pack_file": None,
+                                   "spark_model_dir": "/srv/sparkops/models", "spark_model_name": "m"}),
+    ("paths-only", {}),
+    ("all-set", {"ple_alignment": 2097152, "ple_name_patterns": [r"per_layer\.", "embed_tokens_per_layer"],
+                 "ple_verify": True, "ple_file_mode": "0640", "ple_enabled": True}),
+    ("alignment-from-the-command-line", {"ple_alignment": "8192"}),
+    ("disabled-without-paths", {"ple_enabled": False, "ple_checkpoint_dir": None, "ple_pack_file": None}),
+]
+
+SWEEP_PLAY = """
+    - hosts: cases
+      gather_facts: false
+      tasks:
+        - name: Run the role's entry point
+          block:
+            - name: The entry point
+              ansible.builtin.include_role:
+                name: sparkops.appliance.ple
+                tasks_from: "{{ entry }}"
+            - name: Passed
+              ansible.builtin.set_fact:
+                case_result: {failed: false}
+          rescue:
+            - name: Refused
+              ansible.builtin.set_fact:
+                case_result:
+                  failed: true
+                  task: "{{ ansible_failed_task.name | default('') }}"
+                  msgs: "{{ [ansible_failed_result.msg | default('')]
+                            + (ansible_failed_result.results | default([]) | selectattr('failed', 'defined')
+                               | selectattr('failed') | map(attribute='msg') | list) }}"
+    - hosts: localhost
+      gather_facts: false
+      tasks:
+        - name: Save every case's result
+          ansible.builtin.copy:
+            content: "{{ dict(groups['cases'] | zip(groups['cases'] | map('extract', hostvars, 'case_result'))) | to_json }}"
+            dest: "{{ out }}"
+            mode: "0600"
+"""
+
+
+def host_vars(overrides, entry):
+    hv = dict(GOOD, entry=entry)
+    hv.update(overrides)
+    return {k: v for k, v in hv.items() if v is not None}  # None: not set at all
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """Every case is a host of one inventory, its values as host vars (as an inventory would set
+    them). The hosts are unreachable (ssh to a closed port): a check that contacted one would
+    make it unreachable, which no rescue catches, and the case would have no result."""
+    tmp = tmp_path_factory.mktemp("ple-sweep")
+    hosts = {}
+    for name, overrides, *_ in BAD:
+        hosts["bad-" + name] = host_vars(overrides, "validate")
+    for name, overrides in ACCEPTED:
+        hosts["ok-" + name] = host_vars(overrides, "validate")
+    # the role's main entry point runs the same checks first, before its first host task
+    for name, overrides, *_ in BAD[:3] + BAD[-3:]:
+        hosts["main-" + name] = host_vars(overrides, "main")
+    inventory = {"all": {
+        "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
+        "children": {"cases": {"hosts": hosts, "vars": {
+            "ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1,
+            "ansible_python_interpreter": "/usr/bin/python3"}}}}}
+    out = tmp / "results.json"
+    proc = playbook(tmp, inventory, SWEEP_PLAY, ["-e", "out=%s" % out, "-f", "8"])
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name,overrides,var,value,fix", BAD, ids=[b[0] for b in BAD])
+def test_bad_ple_value_is_refused_with_variable_value_and_fix(sweep, name, overrides, var, value, fix):
+    res = sweep["bad-" + name]
+    assert res["failed"] is True, "%s was accepted" % name
+    # refused by validate.yml's own checks (not by the argument spec, whose messages lack the fix)
+    assert res["task"].startswith("Refuse"), res
+    msg = " ".join(m for m in res["msgs"] if m and m != "One or more items failed")
+    assert msg.startswith(var + " is ") or (var + " is ") in msg, msg
+    assert json.dumps(value) in msg, msg
+    assert fix in msg, msg
+
+
+@pytest.mark.parametrize("name", [a[0] for a in ACCEPTED])
+def test_good_ple_values_pass_without_contacting_the_host(sweep, name):
+    assert sweep["ok-" + name] == {"failed": False}
+
+
+@pytest.mark.parametrize("name", [b[0] for b in BAD[:3] + BAD[-3:]])
+def test_the_role_checks_first_before_any_host_task(sweep, name):
+    res = sweep["main-" + name]
+    assert res["failed"] is True and res["task"].startswith("Refuse"), res

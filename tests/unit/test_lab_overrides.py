@@ -1,0 +1,73 @@
+"""The lab is the example inventory plus ONE override file, and that file may only hold what a lab
+Spark physically lacks: a role that works only because the lab sets a variable is a bug the lab
+hides. A new variable in the override file makes this test fail until it is put on the allow-list
+below, with its reason, in review."""
+import os
+import re
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SPARKS_VARS = os.path.join(ROOT, "inventories", "lab", "group_vars", "sparks")
+OVERRIDES = os.path.join(SPARKS_VARS, "lab_overrides.yml")
+
+# What a lab Spark physically lacks, and the variables that say so. Nothing else.
+ALLOWED = {
+    # no GPU, and a machine smaller than a Spark
+    "spark_expect_gpu", "preflight_expected_arch", "preflight_min_mem_total_gib",
+    "preflight_min_free_disk_gib", "serve_gpus", "serve_kv_sizing", "serve_extra_args", "serve_env",
+    "memory_plan_mem_total_gib", "memory_plan_host_reserve_gib",
+    # no kernel log in a container
+    "memwatch_kernel_log_source",
+    # the tiny lab model instead of the real one, and its plan figures
+    "spark_model_name", "checkpoint_source", "checkpoint_src_path", "ple_enabled",
+    "memory_plan_weight_bytes", "memory_plan_ple_gib", "memory_plan_mtp_enabled",
+    "memory_plan_mtp_off_credit_gib", "memory_plan_overhead_gib", "memory_plan_mtp_gib",
+    "memory_plan_max_model_len", "memory_plan_kv_bytes_per_token", "memory_plan_kv_cache_dtype",
+    "memory_plan_kv_target_gib",
+    # the CPU runtime image as base, no registry, no network in the build
+    "runtime_image_base", "runtime_image_pull_base", "runtime_image_install_jemalloc",
+    # one Docker engine (the machine's) for every lab Spark
+    "spark_serve_container_name", "serve_docker_network", "serve_engine_root_container",
+}
+
+
+def _overrides():
+    with open(OVERRIDES) as handle:
+        return yaml.safe_load(handle)
+
+
+def test_the_override_file_holds_only_what_a_lab_spark_lacks():
+    extra = sorted(set(_overrides()) - ALLOWED)
+    assert extra == [], (
+        "inventories/lab/group_vars/sparks/lab_overrides.yml sets %s, which is not something a lab "
+        "Spark physically lacks. Make the role work with its defaults and the example inventory "
+        "instead." % ", ".join(extra))
+
+
+def test_every_override_says_why():
+    lines = open(OVERRIDES).read().splitlines()
+    keys = [i for i, line in enumerate(lines) if re.match(r"^[a-z_]+:", line)]
+    for n, start in enumerate(keys):
+        end = keys[n + 1] if n + 1 < len(keys) else len(lines)
+        block = [line for line in lines[start:end] if line.strip()]
+        before = lines[start - 1] if start > 0 else ""
+        assert any("#" in line for line in block) or before.startswith("#"), \
+            "%s has no reason (a comment) on its line" % lines[start].split(":")[0]
+
+
+def test_the_lab_is_the_example_inventory_plus_the_overrides():
+    assert sorted(os.listdir(SPARKS_VARS)) == ["example.yml", "lab_overrides.yml"]
+    example = os.path.join(SPARKS_VARS, "example.yml")
+    assert os.path.islink(example)
+    assert os.path.realpath(example) == os.path.join(ROOT, "inventories", "example", "group_vars", "sparks.yml")
+    # Ansible loads a group_vars folder's files in name order: the overrides come last.
+    assert sorted(os.listdir(SPARKS_VARS))[-1] == "lab_overrides.yml"
+
+
+def test_the_production_scenario_uses_the_lab_inventory_vars():
+    with open(os.path.join(ROOT, "molecule", "production", "molecule.yml")) as handle:
+        scenario = yaml.safe_load(handle)
+    link = scenario["provisioner"]["inventory"]["links"]["group_vars"]
+    target = os.path.normpath(os.path.join(ROOT, "molecule", "production", link))
+    assert target == os.path.join(ROOT, "inventories", "lab", "group_vars")
