@@ -95,9 +95,7 @@ def tree(path):
     return out
 
 
-@pytest.fixture
-def local_model(tmp_path):
-    models = tmp_path / 'models'
+def make_model(models, tmp_path):
     ckpt = models / 'tiny'
     (ckpt / '.cache').mkdir(parents=True)
     config = {'num_hidden_layers': 2, 'hidden_size': 128, 'num_attention_heads': 4,
@@ -113,6 +111,11 @@ def local_model(tmp_path):
     counted = (ckpt / 'config.json', ckpt / 'model.safetensors', blobs / 'shard')
     files = sum(os.stat(str(p)).st_size for p in counted)
     return models, ckpt, files, config
+
+
+@pytest.fixture
+def local_model(tmp_path):
+    return make_model(tmp_path / 'models', tmp_path)
 
 
 def local_vars(models, **extra):
@@ -144,13 +147,25 @@ def test_a_reachable_host_is_measured_and_left_unchanged(tmp_path, local_model, 
     assert sources == {'mem_total_gib': '/proc/meminfo', 'weight_bytes': 'measured',
                        'ple_gib': 'measured', 'kv_bytes_per_token': 'config.json',
                        'checkpoint_dir': str(ckpt)}
-    # du counts the directory entries too: files plus at most a few KiB per directory.
-    assert files <= plan['inputs']['weight_bytes'] <= files + 64 * 1024
+    assert plan['inputs']['weight_bytes'] == files
     assert plan['ple_gib'] == (1 << 20) / GIB
     assert plan['kv_bytes_per_token'] == 2 * 2 * 4 * 32 * 2
     with open('/proc/meminfo') as handle:
         kib = int(handle.readline().split()[1])
     assert plan['inputs']['mem_total_gib'] == pytest.approx(kib / 1048576.0, abs=0.01)
+
+
+def test_a_checkpoint_under_a_hidden_directory_is_measured(tmp_path):
+    """/home/me/.cache/models/x: only hidden entries inside the checkpoint are skipped (du's
+    --exclude='.*' matched the whole path and measured nothing)."""
+    models, ckpt, files, _ = make_model(tmp_path / 'home' / '.cache' / 'models', tmp_path)
+    inventory = write_inventory(tmp_path, **local_vars(models))
+    out = tmp_path / 'plan.json'
+    rc, log = run_plan(inventory, out)
+    assert rc == 0, log
+    entry = json.loads(out.read_text())['spark-local']
+    assert entry['sources']['weight_bytes'] == 'measured'
+    assert entry['plan']['inputs']['weight_bytes'] == files
 
 
 def test_given_kv_bytes_win_over_config_json(tmp_path, local_model):
@@ -180,6 +195,8 @@ def test_refusals_name_the_variable(tmp_path, extra, needles):
     assert rc != 0
     for needle in needles:
         assert needle in log, log
+    # the plan's own message, not a templating error around it
+    assert 'Finalization of task args' not in log and 'Error while resolving' not in log, log
     assert not out.exists()
 
 

@@ -1,0 +1,63 @@
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""host_tuning_sysctl_apply: true, false and auto decide whether the sysctl settings are applied now.
+
+Runs the role in check mode (nothing is written, nothing applied) on several local "hosts" at once,
+one per case: the decision shows as the read-only task "Read the running values" running or being
+skipped on that host."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+SYSCTL_FILE = "/etc/sysctl.d/99-sparkops-unit-test.conf"
+ITS_OWN_TYPE = "{{ [ansible_facts.virtualization_type] }}"  # the host counts as a container
+
+
+def play(tmp_path, cases):
+    """Run the role on one local host per case ({host: vars}); {host: {task name: result}}."""
+    playbook = tmp_path / "pb.yml"
+    playbook.write_text("- hosts: all\n  gather_facts: true\n  gather_subset: ['!all', '!min', virtual]\n"
+                        "  roles:\n    - sparkops.appliance.host_tuning\n")
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "host_tuning_swap_off": False,
+              "host_tuning_jemalloc": False, "host_tuning_sysctl_file": SYSCTL_FILE}
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps({"all": {"vars": common, "hosts": cases}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+               ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), "--check", str(playbook)],
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300, check=False)
+    out = json.loads(proc.stdout)
+    results = {host: {} for host in cases}
+    for play_ in out["plays"]:
+        for task in play_["tasks"]:
+            for host, result in task["hosts"].items():
+                results[host][task["task"]["name"].split(" : ")[-1]] = result
+    assert not os.path.exists(SYSCTL_FILE)
+    return proc, results
+
+
+def test_apply_true_false_auto(tmp_path):
+    cases = {
+        "yaml-true": ({"host_tuning_sysctl_apply": True, "host_tuning_container_virtualization_types": []}, True),
+        "yaml-true-in-a-container": ({"host_tuning_sysctl_apply": True, "host_tuning_container_virtualization_types": ITS_OWN_TYPE}, True),
+        "yaml-false": ({"host_tuning_sysctl_apply": False, "host_tuning_container_virtualization_types": []}, False),
+        "auto-not-a-container": ({"host_tuning_sysctl_apply": "auto", "host_tuning_container_virtualization_types": []}, True),
+        "auto-in-a-container": ({"host_tuning_sysctl_apply": "auto", "host_tuning_container_virtualization_types": ITS_OWN_TYPE}, False),
+    }
+    proc, results = play(tmp_path, {host: case[0] for host, case in cases.items()})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    for host, (_, applied) in cases.items():
+        read = results[host]["Read the running values"]
+        assert read.get("skipped", False) is (not applied), (host, read)
+
+
+def test_anything_else_is_refused_naming_the_variable(tmp_path):
+    cases = {"string-true": "true", "yes": "yes", "one": 1, "always": "always"}
+    proc, results = play(tmp_path, {host: {"host_tuning_sysctl_apply": value} for host, value in cases.items()})
+    assert proc.returncode != 0
+    for host in cases:
+        failed = [res for res in results[host].values() if res.get("failed")]
+        assert failed and "host_tuning_sysctl_apply" in failed[0]["msg"], (host, results[host])
+        assert "Read the running values" not in results[host]
