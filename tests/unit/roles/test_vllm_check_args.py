@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import yaml
@@ -166,7 +165,7 @@ def test_the_role_names_a_checker_that_did_not_run(tmp_path):
     assert "the checker did not run in sparkops/vllm-runtime:0123456789ab" in msg, msg
 
 
-def test_the_layouts_mimic_what_they_name(tmp_path):
+def test_the_layouts_mimic_what_they_name():
     """The stand-ins keep vLLM's names where the checker looks for them (guards the test itself)."""
     for name, files in vllm_layouts.LAYOUTS.items():
         text = "\n".join("%s\n%s" % (path, src) for path, src in files.items())
@@ -175,4 +174,3 @@ def test_the_layouts_mimic_what_they_name(tmp_path):
     assert "vllm/utils/argparse_utils.py" not in vllm_layouts.LAYOUTS["0.10"]
     assert "FlexibleArgumentParser" not in vllm_layouts.LAYOUTS["0.12"]["vllm/utils/__init__.py"]
     assert "vllm/entrypoints/openai/cli_args.py" not in vllm_layouts.LAYOUTS["0.32"]
-    _ = textwrap

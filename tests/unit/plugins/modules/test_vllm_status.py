@@ -229,7 +229,8 @@ ERROR 11-29 15:01:09 [core.py:1] EngineCore failed to start.
 Traceback (most recent call last):
   File "/opt/vllm/lib/python3.11/site-packages/vllm/v1/worker/cpu_worker.py", line 219, in determine_available_memory
     raise ValueError(
-ValueError: Available memory on node 0 (5.71/6.5 GiB) on kv cache allocation is less than requested memory for kv (8.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.
+ValueError: Available memory on node 0 (5.71/6.5 GiB) on kv cache allocation is less than requested memory for kv (8.0 GiB). \
+Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.
 
 The above exception was the direct cause of the following exception:
 
