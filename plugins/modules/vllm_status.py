@@ -11,6 +11,11 @@ module: vllm_status
 short_description: Wait for a vLLM server's /health and read what it actually allocated
 description:
   - Polls C(<url>/health) until it answers 200 or O(timeout_s) passes.
+  - With O(unit), watches the systemd unit while it waits (C(systemctl show) of its state, result,
+    exit status, restart count and invocation) and fails within one poll of the first failed start,
+    quoting vLLM's own error from the unit's journal for that start (the attached C(docker run)
+    output), instead of waiting out O(timeout_s). The container's log is not read then, as C(--rm)
+    removes the container of a failed start.
   - Reads the KV cache vLLM actually allocated from C(vllm:cache_config_info) in C(/metrics) and
     from the container's log (C(Available KV cache memory), C(KV cache size ... tokens)), the
     time from the container's start to the first healthy answer, and sets it beside the memory
@@ -35,9 +40,27 @@ options:
     type: str
     required: true
   container:
-    description: Name of the vLLM container (for its start time and log); empty to skip both.
+    description: Name of the vLLM container (for its start time and, once healthy, its log); empty to skip both.
     type: str
     default: ""
+  unit:
+    description:
+      - The systemd unit that runs the container (for example C(sparkops-serve.service)); empty to not watch it.
+      - A failed start (the unit waiting to restart, failed, stopped, or restarted since the module began)
+        ends the wait at once with the last O(journal_lines) lines of the unit's journal for that start.
+    type: str
+    default: ""
+  journal_lines:
+    description: How many of the failed start's last journal lines to show.
+    type: int
+    default: 40
+  kv_sizing:
+    description:
+      - Which figure sized the KV pool (the serve role's C(serve_kv_sizing)) C(gmu) (C(--gpu-memory-utilization))
+        or C(bytes) (C(--kv-cache-memory-bytes)). The table shows that figure and marks the other as not used.
+    type: str
+    choices: [gmu, bytes]
+    default: gmu
   timeout_s:
     description: Give up waiting for /health after this many seconds.
     type: int
@@ -57,7 +80,9 @@ EXAMPLES = r"""
   sparkops.appliance.vllm_status:
     url: http://127.0.0.1:8000
     container: sparkops-vllm
+    unit: sparkops-serve.service
     timeout_s: 900
+    kv_sizing: bytes
     plan: "{{ spark_memory_plan }}"
   register: status
 
@@ -75,6 +100,20 @@ waited_s:
   description: Seconds this module waited for /health.
   returned: always
   type: float
+unit_state:
+  description: The unit's last C(systemctl show) properties seen (with O(unit)).
+  returned: when O(unit) is set
+  type: dict
+  sample: {ActiveState: activating, SubState: auto-restart, NRestarts: "0", Result: exit-code, ExecMainStatus: "1"}
+journal:
+  description: The failed start's last journal lines (the C(docker run) output).
+  returned: on a failed start
+  type: list
+  elements: str
+cause:
+  description: The most telling line of the failed start's journal (vLLM's exception line), when one was found.
+  returned: on a failed start
+  type: str
 actual:
   description: What vLLM reports.
   returned: success
@@ -108,7 +147,9 @@ actual:
     num_blocks: 16
     block_size: 128
 table_lines:
-  description: Plan and actual side by side, one line each.
+  description:
+    - Plan and actual side by side, one line each, after a title that names the figure that sized the KV pool
+      (O(kv_sizing)); the other figure's row says C(not used).
   returned: success
   type: list
   elements: str
@@ -191,13 +232,24 @@ def _fmt(value, unit=""):
     return "%s%s" % (value, unit)
 
 
-def table_lines(plan, actual):
-    rows = [
-        ("figure", "plan", "actual"),
-        ("gpu-memory-utilization", _fmt(plan.get("gmu")), _fmt(_float(actual["cache_config"].get("gpu_memory_utilization")))),
+NOT_USED = "not used"
+
+
+def table_lines(plan, actual, kv_sizing="gmu"):
+    """Plan and actual side by side. The figure that sized the KV pool comes first; the other one
+    is marked as not used (vLLM reports its default for it, 0.92 for an unused utilization)."""
+    config = actual.get("cache_config") or {}
+    gmu_row = ("gpu-memory-utilization", _fmt(plan.get("gmu")), _fmt(_float(config.get("gpu_memory_utilization"))))
+    bytes_row = ("kv-cache-memory-bytes", _fmt(plan.get("kv_cache_memory_bytes")), _fmt(_int(config.get("kv_cache_memory_bytes"))))
+    if kv_sizing == "bytes":
+        title = "KV pool sized by --kv-cache-memory-bytes (gpu-memory-utilization is not used)"
+        sizing = [bytes_row, (gmu_row[0], NOT_USED, NOT_USED)]
+    else:
+        title = "KV pool sized by --gpu-memory-utilization (kv-cache-memory-bytes is not used)"
+        sizing = [gmu_row, (bytes_row[0], NOT_USED, NOT_USED)]
+    rows = [("figure", "plan", "actual")] + sizing + [
         ("budget (GiB)", _fmt(plan.get("budget_gib")), "-"),
         ("KV cache (GiB)", _fmt(plan.get("kv_exp_gib")), _fmt(actual.get("kv_cache_gib"))),
-        ("KV cache bytes", _fmt(plan.get("kv_cache_memory_bytes")), _fmt(_int(actual["cache_config"].get("kv_cache_memory_bytes")))),
         ("KV tokens / blocks", "-", "%s / %s" % (_fmt(actual.get("kv_cache_tokens")), _fmt(actual.get("num_blocks")))),
         ("full-length requests", _fmt(plan.get("full_length_fit")), "-"),
         ("docker --memory (GiB)", _fmt(plan.get("docker_memory_gib")), "-"),
@@ -205,7 +257,7 @@ def table_lines(plan, actual):
     ]
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
-    return ["%-*s  %*s  %s" % (w0, r[0], w1, r[1], r[2]) for r in rows]
+    return [title] + ["%-*s  %*s  %s" % (w0, r[0], w1, r[1], r[2]) for r in rows]
 
 
 def _float(value):
@@ -233,19 +285,141 @@ def _get(url, timeout=10):
     return resp.getcode(), resp.read().decode("utf-8", "replace")
 
 
+# --- the unit behind the server -------------------------------------------------------------
+UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "Result", "ExecMainStatus", "InvocationID")
+# An exception line as Python prints it last in a traceback ("ValueError: ...", "torch.OutOfMemoryError: ...").
+_EXCEPTION = re.compile(r"^\s*(?:[A-Za-z_][\w]*\.)*(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit)(?::\s|$)")
+# vLLM's logger prefix: the process ("(EngineCore pid=23) "), then "ERROR 11-29 15:22:17 [core.py:1510] ".
+_LOG_PREFIX = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s*)?")
+# Wrappers that only point at the real cause printed above them.
+_WRAPPER = re.compile(r"See root cause above|Engine core initiali[sz]ation failed|core proc\(s\)|died unexpectedly", re.I)
+
+
+def parse_show(text):
+    """`systemctl show -p A,B` output -> {A: value, B: value}."""
+    props = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key.strip()] = value.strip()
+    return props
+
+
+def start_failure(props, base_restarts):
+    """Why the unit's start has failed, or None while it may still come up.
+
+    A start has failed when systemd waits to restart the unit (SubState auto-restart), gave up on
+    it (failed), it is no longer running at all (inactive: stopped, or exited with success), or it
+    was restarted since the wait began (NRestarts grew: a failed start was seen too late)."""
+    active, sub = props.get("ActiveState", ""), props.get("SubState", "")
+    restarts = _int(props.get("NRestarts"))
+    detail = "Result=%s, exit status %s" % (props.get("Result", "?"), props.get("ExecMainStatus", "?"))
+    if sub == "auto-restart":
+        return "the start failed (%s); systemd restarts it after RestartSec" % detail
+    if active == "failed":
+        return "the unit failed (%s)" % detail
+    if active == "inactive":
+        return "the unit is not running (%s, %s)" % (sub or "dead", detail)
+    if restarts is not None and base_restarts is not None and restarts > base_restarts:
+        return "the unit restarted %d time(s) while waiting (%s)" % (restarts - base_restarts, detail)
+    return None
+
+
+def telling_line(lines):
+    """The line that says why vLLM stopped: the last exception line that is not a mere wrapper
+    ("Engine core initialization failed. See root cause above"), else the last exception line.
+    vLLM's logger prefix ("(EngineCore pid=23) ERROR 11-29 15:22:17 [core.py:1510] ") is dropped."""
+    found = [line for line in (_LOG_PREFIX.sub("", raw).strip() for raw in lines) if _EXCEPTION.match(line)]
+    for line in reversed(found):
+        if not _WRAPPER.search(line):
+            return line
+    return found[-1] if found else None
+
+
+def exit_hint(props):
+    status = _int(props.get("ExecMainStatus"))
+    if status == 137:
+        return " The container was killed (status 137: SIGKILL, often the --memory limit's OOM killer)."
+    if status in (125, 126, 127):
+        return " docker run itself failed (status %s: the daemon, the image or its entrypoint)." % status
+    return ""
+
+
+def failure_message(base, unit, reason, invocation, lines, cause, waited, props):
+    head = "vLLM at %s did not come up: %s %s after %s s." % (base, unit, reason, waited)
+    head += exit_hint(props)
+    if cause:
+        head += "\nvLLM says: %s" % cause
+    if lines:
+        query = "journalctl -u %s%s" % (unit, " _SYSTEMD_INVOCATION_ID=" + invocation if invocation else "")
+        head += "\nLast %d lines of `%s` (the docker run output):\n%s" % (len(lines), query, "\n".join(lines))
+    else:
+        head += "\nThe unit's journal holds no output for that start (journalctl -u %s)." % unit
+    return head
+
+
+class Unit:
+    """Reads the unit's state and its journal through systemctl and journalctl."""
+
+    def __init__(self, module, name, lines):
+        self.module = module
+        self.name = name
+        self.lines = lines
+
+    def show(self):
+        rc, out, err = self.module.run_command(
+            ["systemctl", "show", "-p", ",".join(UNIT_PROPERTIES), self.name])
+        if rc != 0:
+            return {"error": (err or out).strip() or "systemctl show exited %d" % rc}
+        return parse_show(out)
+
+    def journal(self, invocation, count):
+        cmd = ["journalctl", "-u", self.name]
+        if invocation:
+            cmd.append("_SYSTEMD_INVOCATION_ID=" + invocation)
+        cmd += ["-n", str(count), "-o", "cat", "--no-pager"]
+        rc, out, _err = self.module.run_command(cmd)
+        return out.splitlines() if rc == 0 else []
+
+    def failed_start(self, invocation):
+        """(last lines, telling line) of one start's output. journald may not have stored the
+        last lines of a process that just ended: read once more after a second when no
+        exception line is there yet. The wider read finds a cause further up the traceback."""
+        wide = max(200, self.lines)
+        lines = self.journal(invocation, wide)
+        if telling_line(lines) is None:
+            time.sleep(1)
+            lines = self.journal(invocation, wide)
+        if not lines and invocation:  # a journal that does not tag the output with the invocation
+            invocation = ""
+            lines = self.journal(invocation, wide)
+        return lines[-self.lines:], telling_line(lines), invocation
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             url=dict(type="str", required=True),
             container=dict(type="str", default=""),
+            unit=dict(type="str", default=""),
+            journal_lines=dict(type="int", default=40),
             timeout_s=dict(type="int", default=1200),
             delay_s=dict(type="int", default=5),
             plan=dict(type="dict", default={}),
+            kv_sizing=dict(type="str", default="gmu", choices=["gmu", "bytes"]),
         ),
         supports_check_mode=True,
     )
     p = module.params
     base = p["url"].rstrip("/")
+    unit = Unit(module, p["unit"], max(1, p["journal_lines"])) if p["unit"] else None
+    result = {"changed": False}
+    props, base_restarts, invocation = {}, None, ""
+    if unit:
+        props = unit.show()
+        result["unit_state"] = props
+        base_restarts = _int(props.get("NRestarts"))
+        invocation = props.get("InvocationID", "")
     start = time.monotonic()
     healthy, last_error = False, ""
     while True:
@@ -255,33 +429,65 @@ def main():
             last_error = "HTTP %s" % code
         except Exception as exc:  # connection refused while vLLM loads
             last_error = str(exc)
-        if healthy or time.monotonic() - start >= p["timeout_s"]:
+        if healthy:
+            break
+        if unit:
+            seen_invocation = invocation
+            props = unit.show()
+            result["unit_state"] = props
+            reason = start_failure(props, base_restarts)
+            if reason:
+                # In auto-restart and failed the unit still names the start that failed; once a
+                # restart began it names the new one, and the failed start is the one seen before.
+                failed = props.get("InvocationID", "")
+                if props.get("ActiveState") in ("activating", "active") and props.get("SubState") != "auto-restart":
+                    failed = seen_invocation or failed
+                props = dict(props, InvocationID=failed)
+                lines, cause, matched = unit.failed_start(failed)
+                waited = round(time.monotonic() - start, 1)
+                module.fail_json(msg=failure_message(base, p["unit"], reason, matched, lines, cause, waited, props),
+                                 healthy=False, waited_s=waited, unit_state=props, journal=lines, cause=cause or "")
+            invocation = props.get("InvocationID", invocation)
+        if time.monotonic() - start >= p["timeout_s"]:
             break
         time.sleep(max(1, p["delay_s"]))
     seen = datetime.datetime.now(datetime.timezone.utc)
     waited = round(time.monotonic() - start, 1)
-    log_text = ""
-    started = None
+    started, exists = None, False
     if p["container"]:
-        rc, out, err = module.run_command(
+        rc, out, _err = module.run_command(
             ["docker", "inspect", "--format", "{{.State.StartedAt}}", p["container"]])
-        if rc == 0:
+        exists = rc == 0
+        if exists:
             started = parse_docker_time(out)
-        rc, out, err = module.run_command(["docker", "logs", p["container"]])
-        log_text = out + err
     if not healthy:
-        module.fail_json(msg="vLLM at %s was not healthy after %s s (%s). Last log lines:\n%s" % (
-            base, p["timeout_s"], last_error, "\n".join(log_text.splitlines()[-30:])),
-            healthy=False, waited_s=waited)
+        if unit:
+            lines = unit.journal(invocation, unit.lines)
+            where = "Last lines of `journalctl -u %s _SYSTEMD_INVOCATION_ID=%s`:\n%s" % (
+                p["unit"], invocation, "\n".join(lines))
+        elif exists:
+            rc, out, err = module.run_command(["docker", "logs", "--tail", "30", p["container"]])
+            where = "Last log lines:\n%s" % (out + err)
+        else:
+            where = "The container %s is gone (a --rm container is removed when it stops): see its unit's journal." % (
+                p["container"] or "(none given)")
+        module.fail_json(msg="vLLM at %s was not healthy after %s s (%s). %s" % (base, p["timeout_s"], last_error, where),
+                         healthy=False, waited_s=waited, **result)
+    log_text = ""
+    if exists:
+        rc, out, err = module.run_command(["docker", "logs", p["container"]])
+        if rc == 0:
+            log_text = out + err
     try:
         _code, metrics_text = _get(base + "/metrics")
     except Exception as exc:
         module.fail_json(msg="vLLM at %s is healthy but /metrics failed: %s" % (base, exc),
-                         healthy=True, waited_s=waited)
+                         healthy=True, waited_s=waited, **result)
     actual = actual_from(metrics_text, log_text)
     actual["time_to_healthy_s"] = round((seen - started).total_seconds(), 1) if started else None
-    module.exit_json(changed=False, healthy=True, waited_s=waited, actual=actual,
-                     table_lines=table_lines(p["plan"], actual))
+    result.update(healthy=True, waited_s=waited, actual=actual,
+                  table_lines=table_lines(p["plan"], actual, p["kv_sizing"]))
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

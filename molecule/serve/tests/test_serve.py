@@ -1,9 +1,12 @@
 """The lab Spark serves for real: a real vLLM answers, the unit is what the role promises, a
-re-converge is quiet, a changed setting restarts once, and a bad flag changes nothing."""
+re-converge is quiet, a changed setting restarts once, a bad flag changes nothing, the image's own
+vLLM checks the line, and a start that vLLM refuses fails the play at once with vLLM's message."""
 import json
 import os
 import subprocess
 import time
+
+import yaml
 
 UNIT = "sparkops-serve"
 CONTAINER = "sparkops-molecule-serve-vllm"
@@ -11,6 +14,14 @@ BASE = "http://127.0.0.1:8000"
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONVERGE = os.path.join(os.path.dirname(HERE), "converge.yml")
 PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+CHECKER = os.path.join(PROJECT, "roles", "serve", "files", "vllm_check_args.py")
+with open(os.path.join(os.path.dirname(HERE), "molecule.yml"), encoding="utf-8") as _f:
+    SPARKS = yaml.safe_load(_f)["provisioner"]["inventory"]["group_vars"]["sparks"]
+
+
+def _flat(r):
+    """A playbook's output with the YAML callback's wrapping and margins undone."""
+    return " ".join((r.stdout + r.stderr).split())
 
 
 def _curl(host, path, data=None):
@@ -121,6 +132,70 @@ def test_changed_setting_restarts_exactly_once(host):
     r = _converge()
     assert r.returncode == 0, r.stdout[-3000:]
     assert json.loads(_curl(host, "/v1/models"))["data"]
+
+
+def _runtime_image(host):
+    return json.loads(host.file("/var/lib/sparkops/serve/plan-vs-actual.json").content_string)["image"]
+
+
+def _check_args(image, argv, python=("python3",)):
+    """roles/serve/files/vllm_check_args.py in the runtime image, as the role runs it."""
+    with open(CHECKER, encoding="utf-8") as script:
+        return subprocess.run(["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", python[0], image]
+                              + list(python[1:]) + ["-"] + list(argv),
+                              stdin=script, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_images_own_vllm_checks_the_line(host):
+    """The real vLLM 0.32 of the lab image: where its parser lives, and what the checker does
+    when vLLM cannot be loaded (site-packages hidden with -S): exit 4, not "rejected"."""
+    image = _runtime_image(host)
+    line = ["/model", "--kv-cache-memory-bytes", "67108864", "--max-model-len", "1024", "--enforce-eager"]
+    r = _check_args(image, line)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["vllm_version"] == "0.32.0"
+    assert out["parser"] == ["vllm.utils.argparse_utils", "vllm.entrypoints.cli.serve.ServeSubcommand"]
+    r = _check_args(image, line, python=("python3", "-S"))
+    assert r.returncode == 4 and "cannot load vLLM's serve parser from this image" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_start_that_vllm_refuses_fails_the_play_at_once_with_its_message(host):
+    """A KV pool larger than the container's --memory: the line parses, vLLM refuses at start
+    (its CPU worker checks the pool against the cgroup). The play fails within a minute of the
+    container's exit, quoting vLLM, not after serve_health_timeout_s; then the scenario's own
+    values converge back, and the table names the figure that sized the pool."""
+    plan = dict(SPARKS["spark_memory_plan"], kv_cache_memory_bytes=8 * 2 ** 30)   # --memory is 6.5 GiB
+    assert plan["kv_cache_memory_bytes"] > plan["docker_memory_bytes"]
+    since = host.check_output("date '+%Y-%m-%d %H:%M:%S'")
+    time.sleep(1)
+    r = _converge("-e", json.dumps({"spark_memory_plan": plan}))
+    ended = time.time()
+    out = _flat(r)
+    assert r.returncode != 0, out[-3000:]
+    assert "the start failed (Result=exit-code, exit status 1)" in out, out[-3000:]
+    assert "vLLM says: ValueError: Available memory on node 0" in out
+    assert "Decrease --kv-cache-memory-bytes" in out
+    assert "No such container" not in out
+    # when the container's docker run exited, by systemd's own record
+    exits = host.check_output(
+        "journalctl -u %s --since '%s' -o short-unix --no-pager | grep 'Main process exited'"
+        " | grep -v -E 'status=(0|143)/' | head -n 1 | cut -d' ' -f1"
+        % (UNIT, since))
+    assert exits, "the refused start never exited"
+    print("\nrefused start: the container exited %.1f s before the play failed" % (ended - float(exits)))
+    assert ended - float(exits) < 60, (ended, exits)
+    assert ended - float(exits) < SPARKS["serve_health_timeout_s"]
+
+    r = _converge()
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert json.loads(_curl(host, "/v1/models"))["data"]
+    assert host.service(UNIT).systemd_properties["NRestarts"] == "0"
+    out = _flat(r)
+    assert "KV pool sized by --kv-cache-memory-bytes (gpu-memory-utilization is not used)" in out, out[-3000:]
+    assert "kv-cache-memory-bytes 67108864 67108864" in out
+    assert "gpu-memory-utilization not used not used" in out
+    assert "0.920" not in out
 
 
 def test_zz_stop_is_graceful_and_leaves_no_container(host):

@@ -78,8 +78,6 @@ BAD = [
      "Set ple_pack_file to"),
     ("pack-is-a-shard", {"ple_pack_file": "/srv/sparkops/models/m/ple.safetensors"}, "ple_pack_file",
      "/srv/sparkops/models/m/ple.safetensors", "read as a shard"),
-    ("no-paths-no-model", {"ple_checkpoint_dir": None, "ple_pack_file": None}, "ple_checkpoint_dir", "",
-     "set ple_checkpoint_dir and ple_pack_file"),
     ("model-name-dotdot", {"ple_checkpoint_dir": None, "ple_pack_file": None, "spark_model_dir": "/srv/m",
                            "spark_model_name": "../x"}, "ple_checkpoint_dir", "/srv/m/../x", "spark_model_name holds"),
     ("align-5000", {"ple_alignment": 5000}, "ple_alignment", 5000, "power of two"),
