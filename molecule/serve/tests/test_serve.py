@@ -74,7 +74,7 @@ def test_unit_properties(host):
     assert "/srv/sparkops/models/tiny-llama:/model:ro" in unit
     assert "--kv-cache-memory-bytes 67108864" in unit
     assert "docker rm -f %s" % CONTAINER in unit
-    assert "-name 'vllm*'" in unit
+    assert "shm-clean --dir /dev/shm 'vllm*' 'psm_*'" in unit   # held objects are spared (test_unit_semantics)
 
 
 def test_env_file_is_private(host):
