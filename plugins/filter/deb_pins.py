@@ -11,8 +11,8 @@ name: deb_pins
 short_description: Decide, per pinned Debian package, whether to install, upgrade, keep or downgrade it
 version_added: 0.1.0
 description:
-  - "Input: a list of pins, each C({name: ..., version: ...}); an empty version means any
-    version will do (the package only has to be installed)."
+  - "Input: a list of pins, each C({name: ..., version: ...}) or a package name (pinned to
+    O(version)); an empty version means any version will do (the package only has to be installed)."
   - "O(installed): C(ansible_facts.packages) as M(ansible.builtin.package_facts) gathers it."
   - "Each pin gets an C(action): C(install) (absent), C(upgrade) (installed older than the pin),
     C(keep) (installed at the pin, or any version when unpinned), C(newer) (installed newer than
@@ -34,6 +34,10 @@ options:
     description: Downgrade a package installed newer than its pin.
     type: bool
     default: false
+  version:
+    description: The version of the pins given as bare package names.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -108,11 +112,13 @@ def deb_version_compare(left, right):
     return _compare_part(lup, rup) or _compare_part(lrev, rrev)
 
 
-def deb_pins(pins, installed, force=False):
+def deb_pins(pins, installed, force=False, version=""):
     if not isinstance(installed, dict):
         raise AnsibleFilterError("deb_pins: installed must be ansible_facts.packages (a dict), got %s" % type(installed).__name__)
     plan = []
     for pin in pins:
+        if isinstance(pin, str):
+            pin = {"name": pin, "version": version}
         name, want = pin["name"], str(pin.get("version") or "")
         versions = [entry.get("version") for entry in installed.get(name, []) if entry.get("version")]
         have = versions[0] if versions else ""

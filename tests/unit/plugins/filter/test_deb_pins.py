@@ -92,3 +92,9 @@ def test_force_downgrades_only_the_newer_one():
 def test_installed_must_be_package_facts():
     with pytest.raises(AnsibleFilterError, match="ansible_facts.packages"):
         deb_pins(PINS, ["nvidia-container-toolkit"])
+
+
+def test_bare_names_take_the_given_version():
+    plan = deb_pins(["libnvidia-container1", "nvidia-container-toolkit"], INSTALLED, version="1.18.0-1")
+    assert [(p["name"], p["version"], p["action"]) for p in plan] == [
+        ("libnvidia-container1", "1.18.0-1", "upgrade"), ("nvidia-container-toolkit", "1.18.0-1", "keep")]
