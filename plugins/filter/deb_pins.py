@@ -18,6 +18,10 @@ description:
     C(keep) (installed at the pin, or any version when unpinned), C(newer) (installed newer than
     the pin: left alone) or C(downgrade) (newer than the pin and O(force) is true), and C(spec),
     the argument for M(ansible.builtin.apt) (C(name=version), or C(name) when unpinned)."
+  - "The companion filter C(deb_installed) turns the output of C(dpkg-query -W -f
+    '${Package}\\t${db:Status-Abbrev}\\t${Version}\\n' NAMES...) into that shape, for the installed
+    packages only (a removed package whose configuration files remain is not installed); it reads only
+    the packages named, which is much cheaper than M(ansible.builtin.package_facts)."
   - Versions are ordered as dpkg orders them (deb-version(7)) - epoch, upstream version and
     revision; C(~) sorts before anything, even the end of the string.
 options:
@@ -139,6 +143,20 @@ def deb_pins(pins, installed, force=False, version=""):
     return plan
 
 
+def deb_installed(text):
+    """dpkg-query's "Package<TAB>Status-Abbrev<TAB>Version" lines -> {name: [{name, version}]}, installed only."""
+    installed = {}
+    for line in str(text).splitlines():
+        fields = line.split("\t")
+        if len(fields) != 3:
+            continue
+        name, status, version = fields[0].strip(), fields[1], fields[2].strip()
+        # Status-Abbrev: desired action, then package status; "i" as the status is installed.
+        if len(status) >= 2 and status[1] == "i" and version:
+            installed.setdefault(name, []).append({"name": name, "version": version})
+    return installed
+
+
 class FilterModule(object):
     def filters(self):
-        return {"deb_pins": deb_pins, "deb_version_compare": deb_version_compare}
+        return {"deb_pins": deb_pins, "deb_version_compare": deb_version_compare, "deb_installed": deb_installed}

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.sparkops.appliance.plugins.filter.deb_pins import deb_pins, deb_version_compare
+from ansible_collections.sparkops.appliance.plugins.filter.deb_pins import deb_installed, deb_pins, deb_version_compare
 
 # (smaller, larger) pairs in dpkg's order, the NVIDIA package versions among them.
 ORDERED = [
@@ -98,3 +98,23 @@ def test_bare_names_take_the_given_version():
     plan = deb_pins(["libnvidia-container1", "nvidia-container-toolkit"], INSTALLED, version="1.18.0-1")
     assert [(p["name"], p["version"], p["action"]) for p in plan] == [
         ("libnvidia-container1", "1.18.0-1", "upgrade"), ("nvidia-container-toolkit", "1.18.0-1", "keep")]
+
+
+def test_installed_from_dpkg_query_counts_installed_packages_only():
+    text = ("nvidia-container-toolkit\tii \t1.18.0-1\n"
+            "libnvidia-container1\thi \t1.17.8-1\n"          # on hold, installed
+            "nvidia-driver-570-open\trc \t570.1-1\n"          # removed, configuration files left
+            "nvidia-driver-580-open\tun \t\n"                 # known, not installed
+            "garbage line\n")
+    assert deb_installed(text) == {
+        "nvidia-container-toolkit": [{"name": "nvidia-container-toolkit", "version": "1.18.0-1"}],
+        "libnvidia-container1": [{"name": "libnvidia-container1", "version": "1.17.8-1"}]}
+
+
+@pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="dpkg is not installed here")
+def test_installed_reads_real_dpkg_query_output():
+    proc = subprocess.run(["dpkg-query", "-W", "-f", "${Package}\t${db:Status-Abbrev}\t${Version}\n", "dpkg", "no-such-package-x"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1                                       # one name unknown: exit 1, the rest listed
+    version = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "dpkg"], capture_output=True, text=True, check=True).stdout
+    assert deb_installed(proc.stdout) == {"dpkg": [{"name": "dpkg", "version": version}]}
