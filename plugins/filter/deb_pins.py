@@ -13,15 +13,13 @@ version_added: 0.1.0
 description:
   - "Input: a list of pins, each C({name: ..., version: ...}) or a package name (pinned to
     O(version)); an empty version means any version will do (the package only has to be installed)."
-  - "O(installed): C(ansible_facts.packages) as M(ansible.builtin.package_facts) gathers it."
+  - "O(installed): installed packages as M(ansible.builtin.package_facts) gathers them
+    (C(ansible_facts.packages)) or C(sparkops.appliance.deb_installed) reads them."
   - "Each pin gets an C(action): C(install) (absent), C(upgrade) (installed older than the pin),
     C(keep) (installed at the pin, or any version when unpinned), C(newer) (installed newer than
     the pin: left alone) or C(downgrade) (newer than the pin and O(force) is true), and C(spec),
     the argument for M(ansible.builtin.apt) (C(name=version), or C(name) when unpinned)."
-  - "The companion filter C(deb_installed) turns the output of C(dpkg-query -W -f
-    '${Package}\\t${db:Status-Abbrev}\\t${Version}\\n' NAMES...) into that shape, for the installed
-    packages only (a removed package whose configuration files remain is not installed); it reads only
-    the packages named, which is much cheaper than M(ansible.builtin.package_facts)."
+  - The filter C(sparkops.appliance.deb_installed) makes that shape from C(dpkg-query) output.
   - Versions are ordered as dpkg orders them (deb-version(7)) - epoch, upstream version and
     revision; C(~) sorts before anything, even the end of the string.
 options:
@@ -143,20 +141,6 @@ def deb_pins(pins, installed, force=False, version=""):
     return plan
 
 
-def deb_installed(text):
-    """dpkg-query's "Package<TAB>Status-Abbrev<TAB>Version" lines -> {name: [{name, version}]}, installed only."""
-    installed = {}
-    for line in str(text).splitlines():
-        fields = line.split("\t")
-        if len(fields) != 3:
-            continue
-        name, status, version = fields[0].strip(), fields[1], fields[2].strip()
-        # Status-Abbrev: desired action, then package status; "i" as the status is installed.
-        if len(status) >= 2 and status[1] == "i" and version:
-            installed.setdefault(name, []).append({"name": name, "version": version})
-    return installed
-
-
 class FilterModule(object):
     def filters(self):
-        return {"deb_pins": deb_pins, "deb_version_compare": deb_version_compare, "deb_installed": deb_installed}
+        return {"deb_pins": deb_pins}

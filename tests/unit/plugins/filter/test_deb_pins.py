@@ -5,7 +5,8 @@ import subprocess
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.sparkops.appliance.plugins.filter.deb_pins import deb_installed, deb_pins, deb_version_compare
+from ansible_collections.sparkops.appliance.plugins.filter.deb_installed import deb_installed
+from ansible_collections.sparkops.appliance.plugins.filter.deb_pins import deb_pins, deb_version_compare
 
 # (smaller, larger) pairs in dpkg's order, the NVIDIA package versions among them.
 ORDERED = [
