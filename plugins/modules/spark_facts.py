@@ -102,11 +102,14 @@ ansible_facts:
       type: dict
       sample: {checked: true, present: true, names: ["GPU 0: NVIDIA GB10 (UUID: GPU-...)"], error: ""}
     spark_docker:
-      description: Whether a Docker engine answered, and its version.
+      description:
+        - Whether a Docker engine answered, its version, and the names of the container runtimes it
+          lists (C(docker info); C(nvidia) once the NVIDIA Container Toolkit is registered).
       type: dict
-      sample: {checked: true, reachable: true, server_version: "28.3.0", error: ""}
+      sample: {checked: true, reachable: true, server_version: "28.3.0", runtimes: [nvidia, runc], error: ""}
 """
 
+import json
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
@@ -149,13 +152,24 @@ def _gpu(module, check, program):
 
 
 def _docker(module, check, program):
-    result = {"checked": check, "reachable": False, "server_version": "", "error": ""}
+    result = {"checked": check, "reachable": False, "server_version": "", "runtimes": [], "error": ""}
     if not check:
         return result
     out, result["error"] = _run_tool(module, program, ["version", "--format", "{{.Server.Version}}"])
+    if out is None:
+        return result
+    result["reachable"] = True
+    result["server_version"] = out.strip()
+    out, result["error"] = _run_tool(module, program, ["info", "--format", "{{json .Runtimes}}"])
     if out is not None:
-        result["reachable"] = True
-        result["server_version"] = out.strip()
+        try:
+            runtimes = json.loads(out)
+        except ValueError:
+            runtimes = None
+        if isinstance(runtimes, dict):
+            result["runtimes"] = sorted(runtimes)
+        else:
+            result["error"] = "docker info listed no runtimes (it printed %r)" % out.strip()[:200]
     return result
 
 

@@ -39,6 +39,15 @@ def fake_program(directory, name, script):
     return path
 
 
+# A docker CLI as the engine answers it: the version, and `docker info`'s runtimes as JSON.
+DOCKER = """case "$1" in
+  version) echo 28.3.0 ;;
+  info) echo '{"runc":{"path":"runc"},"nvidia":{"path":"nvidia-container-runtime","args":[]}}' ;;
+  *) exit 2 ;;
+esac
+"""
+
+
 @pytest.fixture
 def meminfo(tmp_path):
     path = tmp_path / "meminfo"
@@ -51,7 +60,7 @@ def test_reads_memory_disk_gpu_and_docker(tmp_path, meminfo, check):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake_program(bin_dir, "nvidia-smi", 'echo "GPU 0: NVIDIA GB10 (UUID: GPU-1234)"\n')
-    fake_program(bin_dir, "docker", 'echo 28.3.0\n')
+    fake_program(bin_dir, "docker", DOCKER)
     result = run_module({"meminfo_path": str(meminfo), "disk_path": str(tmp_path / "not" / "yet")},
                         check=check, path_prefix=str(bin_dir))
     assert result["changed"] is False
@@ -62,7 +71,8 @@ def test_reads_memory_disk_gpu_and_docker(tmp_path, meminfo, check):
     assert facts["spark_disk"]["free_gib"] > 0
     assert facts["spark_gpu"] == {"checked": True, "present": True, "error": "",
                                   "names": ["GPU 0: NVIDIA GB10 (UUID: GPU-1234)"]}
-    assert facts["spark_docker"] == {"checked": True, "reachable": True, "server_version": "28.3.0", "error": ""}
+    assert facts["spark_docker"] == {"checked": True, "reachable": True, "server_version": "28.3.0", "error": "",
+                                     "runtimes": ["nvidia", "runc"]}
 
 
 def test_reports_a_missing_gpu_and_an_unreachable_engine(tmp_path, meminfo):
@@ -89,3 +99,14 @@ def test_unreadable_meminfo_fails_naming_the_file(tmp_path):
     result = run_module({"meminfo_path": str(bad), "check_gpu": False, "check_docker": False})
     assert result.get("failed") is True
     assert str(bad) in result["msg"] and "MemTotal" in result["msg"]
+
+
+def test_runtimes_without_nvidia_and_an_unparsable_info(tmp_path, meminfo):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_program(bin_dir, "docker", DOCKER.replace('"nvidia":{"path":"nvidia-container-runtime","args":[]}', '"crun":{}'))
+    docker = run_module({"meminfo_path": str(meminfo), "check_gpu": False}, path_prefix=str(bin_dir))["ansible_facts"]["spark_docker"]
+    assert docker["reachable"] is True and docker["runtimes"] == ["crun", "runc"]
+    fake_program(bin_dir, "docker", DOCKER.replace("info) echo", "info) echo not-json; echo"))
+    docker = run_module({"meminfo_path": str(meminfo), "check_gpu": False}, path_prefix=str(bin_dir))["ansible_facts"]["spark_docker"]
+    assert docker["runtimes"] == [] and "listed no runtimes" in docker["error"]
