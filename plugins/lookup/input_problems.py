@@ -50,7 +50,7 @@ _raw:
 
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.sparkops.appliance.plugins.module_utils._role_inputs import (
+from ansible_collections.sparkops.appliance.plugins.plugin_utils._role_inputs import (
     input_problems,
     load_role_options,
 )

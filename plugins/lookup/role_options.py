@@ -43,7 +43,7 @@ _raw:
 """
 
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.sparkops.appliance.plugins.module_utils._role_inputs import (
+from ansible_collections.sparkops.appliance.plugins.plugin_utils._role_inputs import (
     load_role_options,
     names_by_type,
 )

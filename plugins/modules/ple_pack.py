@@ -69,7 +69,7 @@ options:
         rewritten in place, its mtime restored) makes the module repack from the checkpoint
         as it is now, with a warning naming the table and the shard (RV(source_changed)); a
         packed table that no longer matches its index (RV(verify_failed)) makes it rewrite
-        the pack too. Both are reported as changed (in check mode: would change).
+        the pack too. Both are reported as changed (in check mode, as would change).
       - Without O(verify) only the fingerprint is compared, which reads no table data.
     type: bool
     default: false

@@ -10,7 +10,7 @@ import pytest
 from mwhelpers import PROGRAM, ROOT
 
 
-def play(tmp_path, extra, check=True):
+def play(tmp_path, extra, check=True, diff=False):
     pb = tmp_path / "pb.yml"
     pb.write_text("- hosts: localhost\n  gather_facts: false\n  roles:\n    - sparkops.appliance.memwatch\n")
     base = {"memwatch_config_path": str(tmp_path / "etc" / "memwatch.json"),
@@ -22,6 +22,8 @@ def play(tmp_path, extra, check=True):
     cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(pb), "-e", json.dumps(base)]
     if check:
         cmd.append("--check")
+    if diff:
+        cmd.append("--diff")
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     return subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=300, check=False)
@@ -80,16 +82,10 @@ def test_rendered_config_is_accepted_by_the_program(tmp_path):
 def test_memwatch_in_a_play_of_its_own_watches_the_serve_roles_names(tmp_path):
     """site.yml runs memwatch in its own play, where the serve role's variables are not visible:
     the names must come from the one shared source (roles/common), not from a fallback."""
-    proc = play(tmp_path, {}, check=True)
-    proc = subprocess.run(proc.args + ["--diff"], cwd=ROOT, env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
-                                                                       ANSIBLE_NOCOLOR="1"),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300, check=False)
+    proc = play(tmp_path, {}, check=True, diff=True)
     assert proc.returncode == 0, proc.stdout
     assert '+  "container_name": "sparkops-vllm",' in proc.stdout, proc.stdout
     assert '+  "serve_unit": "sparkops-serve.service",' in proc.stdout, proc.stdout
     # A user who renames the unit and container once renames them for serve and memwatch alike.
-    renamed = play(tmp_path, {"spark_serve_container_name": "llm", "spark_serve_unit_name": "llm-serve"}, check=True)
-    renamed = subprocess.run(renamed.args + ["--diff"], cwd=ROOT, env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
-                                                                           ANSIBLE_NOCOLOR="1"),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300, check=False)
+    renamed = play(tmp_path, {"spark_serve_container_name": "llm", "spark_serve_unit_name": "llm-serve"}, check=True, diff=True)
     assert '+  "container_name": "llm",' in renamed.stdout and '+  "serve_unit": "llm-serve.service",' in renamed.stdout, renamed.stdout

@@ -158,7 +158,7 @@ def test_a_reachable_host_is_measured_and_left_unchanged(tmp_path, local_model, 
 def test_a_checkpoint_under_a_hidden_directory_is_measured(tmp_path):
     """/home/me/.cache/models/x: only hidden entries inside the checkpoint are skipped (du's
     --exclude='.*' matched the whole path and measured nothing)."""
-    models, ckpt, files, _ = make_model(tmp_path / 'home' / '.cache' / 'models', tmp_path)
+    models, ckpt, files, _pack = make_model(tmp_path / 'home' / '.cache' / 'models', tmp_path)
     inventory = write_inventory(tmp_path, **local_vars(models))
     out = tmp_path / 'plan.json'
     rc, log = run_plan(inventory, out)

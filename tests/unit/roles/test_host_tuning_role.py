@@ -48,7 +48,7 @@ def test_apply_true_false_auto(tmp_path):
     }
     proc, results = play(tmp_path, {host: case[0] for host, case in cases.items()})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-    for host, (_, applied) in cases.items():
+    for host, (_value, applied) in cases.items():
         read = results[host]["Read the running values"]
         assert read.get("skipped", False) is (not applied), (host, read)
 

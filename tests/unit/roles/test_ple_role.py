@@ -166,12 +166,12 @@ def sweep(tmp_path_factory):
     make it unreachable, which no rescue catches, and the case would have no result."""
     tmp = tmp_path_factory.mktemp("ple-sweep")
     hosts = {}
-    for name, overrides, *_ in BAD:
+    for name, overrides, *_expected in BAD:
         hosts["bad-" + name] = host_vars(overrides, "validate")
     for name, overrides in ACCEPTED:
         hosts["ok-" + name] = host_vars(overrides, "validate")
     # the role's main entry point runs the same checks first, before its first host task
-    for name, overrides, *_ in BAD[:3] + BAD[-3:]:
+    for name, overrides, *_expected in BAD[:3] + BAD[-3:]:
         hosts["main-" + name] = host_vars(overrides, "main")
     inventory = {"all": {
         "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},

@@ -208,8 +208,8 @@ def test_failed_starts_are_bounded_whatever_their_length(tmp_path):
         e = dict(env, INVOCATION_ID=invocation)
         r = helper("run", *base, "--", "/bin/sh", "-c", command, env=e)
         status = r.returncode
-        helper("stop-post", *base, env=dict(e, SERVICE_RESULT=result if status else "success",
-                                             EXIT_CODE=code, EXIT_STATUS=str(status)), check=True)
+        post_env = dict(e, SERVICE_RESULT=result if status else "success", EXIT_CODE=code, EXIT_STATUS=str(status))
+        helper("stop-post", *base, env=post_env, check=True)
         return r
 
     # A start by hand and two restarts of systemd's own fail: three failed starts ...
@@ -249,7 +249,7 @@ def test_a_start_that_reached_health_clears_the_count(tmp_path):
         s.serve_forever()
         """), str(port_file)])
     try:
-        for _ in range(100):
+        for _attempt in range(100):
             if port_file.exists() and port_file.read_text():
                 break
             time.sleep(0.1)

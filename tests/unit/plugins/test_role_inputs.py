@@ -6,7 +6,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.sparkops.appliance.plugins.module_utils._role_inputs import (
+from ansible_collections.sparkops.appliance.plugins.plugin_utils._role_inputs import (
     COLLECTION_ROOT,
     input_problems,
     load_role_options,
