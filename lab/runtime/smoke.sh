@@ -23,7 +23,7 @@ for _ in $(seq 1 600); do
 done
 if [ -z "$healthy" ]; then docker logs "$name" 2>&1 | tail -n 40; echo "not healthy" >&2; exit 1; fi
 completion=$(curl -fsS "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"model":"tiny","prompt":"The spark","max_tokens":8,"temperature":0}')
+    -d '{"model":"tiny","prompt":"The spark","max_tokens":8}')
 models=$(curl -fsS "http://127.0.0.1:$port/v1/models")
 metrics=$(curl -fsS "http://127.0.0.1:$port/metrics")
 rss=$(docker stats --no-stream --format '{{.MemUsage}}' "$name" | cut -d/ -f1 | xargs)

@@ -44,9 +44,11 @@ def _converge(*extra):
         capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
 
 
+# Not greedy: the lab's vLLM 0.32 CPU build kills its engine on greedy (temperature 0) or seeded
+# sampling (reproduced on a lab Spark); the default random sampling serves.
 def test_completions_return_tokens(host):
     out = json.loads(_curl(host, "/v1/completions", {
-        "model": "tiny-llama", "prompt": "The spark", "max_tokens": 8, "temperature": 0}))
+        "model": "tiny-llama", "prompt": "The spark", "max_tokens": 8}))
     assert out["usage"]["completion_tokens"] > 0
     assert isinstance(out["choices"][0]["text"], str)
     models = json.loads(_curl(host, "/v1/models"))

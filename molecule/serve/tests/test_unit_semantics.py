@@ -212,8 +212,8 @@ def test_recycle_waits_while_a_request_runs_and_gives_up_at_the_bound(host):
     ensure_serving(host)
     request = "sparkops-test-long-request"
     host.run("systemctl stop %s; rm -f /tmp/long.json" % request)
-    body = json.dumps({"model": "tiny-llama", "prompt": "The spark", "max_tokens": 1000,
-                       "ignore_eos": True, "temperature": 0})
+    # default sampling: the lab's vLLM 0.32 CPU build kills its engine on greedy or seeded sampling
+    body = json.dumps({"model": "tiny-llama", "prompt": "The spark", "max_tokens": 1000, "ignore_eos": True})
     set_dropin(host, RECYCLE, "[Service]\nEnvironment=SPARKOPS_RECYCLE_DRAIN_TIMEOUT_S=12 SPARKOPS_RECYCLE_POLL_S=1\n")
     inv = prop(host, SVC, "InvocationID")
     container = host.check_output("docker inspect -f '{{.Id}}' %s" % CONTAINER)
