@@ -264,10 +264,12 @@ def test_a_bad_calendar_is_refused_before_anything_is_written(host):
              "/etc/systemd/system/%s-recycle.timer" % UNIT, "/usr/local/sbin/%s-recycle" % UNIT]
     before = host.check_output("sha256sum %s" % " ".join(files))
     inv = prop(host, SVC, "InvocationID")
-    r = _converge("-e", json.dumps({"serve_recycle_on_calendar": "every day; rm -rf /"}))
+    # Characters a calendar never has (";", "\n") are refused by the role's validate already (the
+    # bad-input sweep); this value passes that and only the host's systemd-analyze can refuse it.
+    r = _converge("-e", json.dumps({"serve_recycle_on_calendar": "every day"}))
     assert r.returncode != 0
     out = " ".join((r.stdout + r.stderr).split())
-    assert "serve_recycle_on_calendar \"every day; rm -rf /\" is not an OnCalendar= value" in out
+    assert "serve_recycle_on_calendar \"every day\" is not an OnCalendar= value" in out
     assert host.check_output("sha256sum %s" % " ".join(files)) == before
     assert prop(host, SVC, "InvocationID") == inv
 
