@@ -8,6 +8,8 @@
 #      wheelhouse mounted read-only, then `docker commit` (one layer, no copy of the wheels in
 #      the image: this Docker has no BuildKit for RUN --mount). SIGTERM, the default stop
 #      signal, is what vLLM exits on (docker commit cannot set STOPSIGNAL).
+#   3. install.sh also adds the LAB-ONLY vLLM platform plugin of platform/ (mounted read-only):
+#      vLLM's CPU platform able to run on Ray (see platform/sparkops_lab_platform.py).
 # Usage: lab/runtime/build.sh [TAG]   (default tag: lab/runtime/tag.sh, a hash of the recipe)
 # An image with that tag already present is never rebuilt.
 set -euo pipefail
@@ -51,6 +53,7 @@ log=$(mktemp /tmp/sparkops-runtime-build.XXXXXX.log)
 echo "building $tag FROM $base (log: $log)"
 docker create --name "$name" --network none --env-file <(grep -v '^#' "$here/env.list") \
     -e "SKIP=$skip" -v "$wheelhouse/wheels:/wheels:ro" -v "$wheelhouse/debs:/debs:ro" \
+    -v "$here/platform:/platform:ro" \
     --entrypoint /bin/sh "$base" -c "$(cat "$here/install.sh")" >/dev/null
 nice docker start -a "$name" >"$log" 2>&1 || { tail -n 40 "$log"; exit 1; }
 changes=()

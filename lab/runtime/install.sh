@@ -25,9 +25,22 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vl
     "$ver" >"$site/vllm-$ver+cpu.dist-info/METADATA"
 printf 'sparkops\n' >"$site/vllm-$ver+cpu.dist-info/INSTALLER"
 : >"$site/vllm-$ver+cpu.dist-info/RECORD"
+# LAB ONLY: the vLLM platform plugin of lab/runtime/platform (mounted at /platform), vLLM's CPU
+# platform with a Ray device key, registered under the `vllm.platform_plugins` entry point group.
+# vLLM consults platform plugins only when VLLM_TARGET_DEVICE is not `cpu` (env.list leaves it
+# unset; the CPU platform is still detected from the alias distribution's +cpu version).
+install -m 0644 /platform/sparkops_lab_platform.py "$site/"
+plugin="$site/sparkops_lab_platform-1.0.dist-info"
+mkdir "$plugin"
+printf 'Metadata-Version: 2.1\nName: sparkops-lab-platform\nVersion: 1.0\nSummary: LAB ONLY: vLLM CPU platform on Ray\n' \
+    >"$plugin/METADATA"
+printf '[vllm.platform_plugins]\nsparkops_lab_cpu_ray = sparkops_lab_platform:register\n' >"$plugin/entry_points.txt"
+printf 'sparkops\n' >"$plugin/INSTALLER"
+: >"$plugin/RECORD"
 mkdir -p /var/lib/vllm/config /var/cache/vllm
 test -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2
-# Smoke: the CLI starts, the CPU platform is detected, the serve parser builds.
+# Smoke: the CLI starts, the lab platform (CPU, on Ray) is detected, Ray's CLI runs.
 vllm --version
-python3 -c 'from vllm.platforms import current_platform as p; assert p.is_cpu(), p'
+python3 -c 'from vllm.platforms import current_platform as p; assert p.is_cpu() and p.ray_device_key == "GPU", p'
+ray --version
 rm -rf /root/.cache /var/cache/vllm/* /tmp/*
