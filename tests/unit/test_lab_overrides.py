@@ -17,6 +17,7 @@ ALLOWED = {
     "spark_expect_gpu", "preflight_expected_arch", "preflight_min_mem_total_gib",
     "preflight_min_free_disk_gib", "serve_gpus", "serve_kv_sizing", "serve_extra_args", "serve_env",
     "memory_plan_mem_total_gib", "memory_plan_host_reserve_gib",
+    "cluster_gpus", "cluster_ray_num_gpus",
     # no kernel log in a container
     "memwatch_kernel_log_source",
     # the tiny lab model instead of the real one, and its plan figures
@@ -29,6 +30,7 @@ ALLOWED = {
     "runtime_image_base", "runtime_image_pull_base", "runtime_image_install_jemalloc",
     # one Docker engine (the machine's) for every lab Spark
     "spark_serve_container_name", "serve_docker_network", "serve_engine_root_container",
+    "spark_ray_container_name", "cluster_docker_network", "cluster_engine_root_container",
 }
 
 
