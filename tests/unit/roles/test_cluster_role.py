@@ -156,6 +156,7 @@ def test_ray_head_unit_binds_the_interconnect_without_dashboard(tmp_path):
     assert "--gpus all sparkops/vllm-runtime:0123456789ab start --block --node-ip-address 10.10.0.1 " in flat
     assert "--head --port 6379 --include-dashboard=false" in unit
     assert "--num-gpus" not in unit        # Ray counts a Spark's GPU itself
+    assert "--node-manager-port 6380 --object-manager-port 6381 --metrics-export-port 6382" in flat
     assert "type=volume,src=sparkops-ray-tmp,dst=/tmp/ray" in unit
     assert "/srv/sparkops/models/my-model:/model:ro" in unit
     assert "Restart=always" in unit and "StartLimitIntervalSec=0" in unit

@@ -1,0 +1,125 @@
+"""Two lab Sparks as one TP=2 server (issue 11): a real 2-node Ray cluster, the head's vLLM serving
+with TP=2 over Ray, Ray's listeners on the interconnect, and the failure path (a stopped worker
+ends the head's server, a converge names it, starting it again serves again with no manual step)."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+CONVERGE = os.path.join(os.path.dirname(HERE), "converge.yml")
+CHECK_NODES = os.path.join(PROJECT, "roles", "cluster", "files", "cluster-nodes.py")
+CHECKER = os.path.join(PROJECT, "roles", "serve", "files", "vllm_check_args.py")
+with open(os.path.join(os.path.dirname(HERE), "molecule.yml"), encoding="utf-8") as _f:
+    _INV = yaml.safe_load(_f)["provisioner"]["inventory"]
+HEAD, WORKER = "sparkops-molecule-cluster-head", "sparkops-molecule-cluster-worker"
+IPS = {h: v["spark_interconnect_ip"] for h, v in _INV["host_vars"].items()}
+ADDRESS = IPS[HEAD] + ":6379"
+BASE = "http://127.0.0.1:8000"
+
+
+def _name(host):
+    return host.backend.get_hostname()
+
+
+def _nodes(host, want=2, timeout_s=5):
+    """The head's Ray, asked from inside its Ray container: (exit status, JSON)."""
+    with open(CHECK_NODES, encoding="utf-8") as f:
+        script = f.read()
+    r = subprocess.run(["docker", "exec", "-i", HEAD + "-ray", "python3", "-", ADDRESS, str(want), str(timeout_s)],
+                       input=script, capture_output=True, text=True, timeout=timeout_s + 120, check=False)
+    return r.returncode, (json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {})
+
+
+def _complete(host, prompt="hello"):
+    cmd = ("curl -fsS --max-time 120 %s/v1/completions -H 'Content-Type: application/json' -d '%s'"
+           % (BASE, json.dumps({"model": "tiny-llama", "prompt": prompt, "max_tokens": 4})))
+    return json.loads(host.check_output(cmd))
+
+
+def _wait(predicate, bound_s, step_s=3):
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return predicate()
+
+
+def _converge(*extra):
+    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
+    return subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], CONVERGE] + list(extra),
+                          capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1800, check=False)
+
+
+def test_two_alive_nodes_seen_from_the_head(host):
+    if _name(host) != HEAD:
+        pytest.skip("asked from the head")
+    rc, out = _nodes(host)
+    assert rc == 0, out
+    assert out["alive"] == 2 and out["alive_ips"] == sorted(IPS.values())
+
+
+def test_the_worker_runs_no_server(host):
+    if _name(host) != WORKER:
+        pytest.skip("the worker")
+    assert not host.file("/etc/systemd/system/sparkops-serve.service").exists
+    assert host.service("sparkops-ray").is_running
+
+
+def test_head_serves_tp2_over_ray_and_vllm_parses_the_line(host):
+    if _name(host) != HEAD:
+        pytest.skip("the head")
+    unit = host.file("/etc/systemd/system/sparkops-serve.service").content_string
+    flat = " ".join(unit.replace("\\\n", " ").split())
+    assert "--tensor-parallel-size 2 --distributed-executor-backend ray" in flat
+    args = flat.split("ExecStart=", 1)[1].split(" sparkops/lab-vllm-cpu:", 1)[1].split(" ", 1)[1].split(" ExecStop")[0]
+    image = "sparkops/lab-vllm-cpu:" + flat.split(" sparkops/lab-vllm-cpu:", 1)[1].split(" ", 1)[0]
+    with open(CHECKER, encoding="utf-8") as f:
+        r = subprocess.run(["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", "python3", image, "-"]
+                           + args.split(), input=f.read(), capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr
+    assert '"accepted": true' in r.stdout
+
+
+def test_ray_listens_on_the_interconnect_only(host):
+    """Every TCP listener of the Ray container is on the interconnect address or loopback.
+    Ray 2.60 binds GCS, raylet, object manager and workers to 0.0.0.0 whatever --node-ip-address
+    says (measured; docs/cluster.md): this test says so until Ray or a firewall rule changes it."""
+    name = _name(host)
+    out = host.check_output("docker exec %s-ray ss -ltnH" % name)
+    local = [line.split()[3] for line in out.splitlines() if line.strip()]
+    wildcard = [a for a in local if a.startswith(("0.0.0.0:", "*:", "[::]:"))]
+    others = [a for a in local if not a.startswith((IPS[name] + ":", "127.0.0.", "0.0.0.0:", "*:", "[::]:"))]
+    assert others == []
+    assert not any(a.endswith((":8265", ":52365")) for a in local)   # dashboard and job API are off
+    if wildcard:
+        pytest.xfail("Ray 2.60 binds to 0.0.0.0: %s" % wildcard)
+
+
+def test_completion_with_tp2_across_both_sparks(host):
+    if _name(host) != HEAD:
+        pytest.skip("the head")
+    out = _complete(host)
+    assert out["usage"]["completion_tokens"] > 0
+
+
+def test_worker_loss_stops_the_head_converge_names_it_and_rejoin_serves(host):
+    if _name(host) != HEAD:
+        pytest.skip("driven from the head")
+    worker = host.get_host("docker://" + WORKER)
+    worker.run("systemctl stop sparkops-ray")
+    # vLLM's Ray executor ends the server when its worker's actor dies.
+    assert _wait(lambda: host.run("curl -fsS --max-time 5 %s/health" % BASE).rc != 0, 300)
+    r = _converge("--limit", HEAD, "-e", "cluster_join_timeout_s=20")
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode != 0
+    assert "the worker %s (%s) has not joined the head %s" % (WORKER, IPS[WORKER], ADDRESS) in out
+    worker.run("systemctl start sparkops-ray")
+    assert _wait(lambda: host.run("curl -fsS --max-time 5 %s/health" % BASE).rc == 0, 900, step_s=10)
+    _complete(host)
+    assert _complete(host, "The spark")["usage"]["completion_tokens"] > 0
