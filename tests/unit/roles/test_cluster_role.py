@@ -187,7 +187,7 @@ def test_head_serve_unit_runs_tp2_over_ray_after_a_bounded_wait(tmp_path):
     assert ("ExecStartPre=/bin/sh -c 'exec /usr/bin/docker exec -i sparkops-ray python3 - 10.10.0.1:6379 2 600 "
             "< /usr/local/libexec/sparkops/cluster-nodes.py'") in unit
     assert "TimeoutStartSec=720" in unit and "Restart=always" in unit
-    assert "type=volume,src=sparkops-ray-tmp,dst=/tmp/ray" in unit
+    assert "type=volume,src=sparkops-ray-tmp,dst=/tmp/ray --pid container:sparkops-ray" in unit
     env = render(tmp_path, "serve", "serve.env.j2", "spark-pa-head", serve_image="x:y")
     assert "RAY_ADDRESS=10.10.0.1:6379" in env and "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env
 
