@@ -71,8 +71,10 @@ def servers():
     vllm_args = args[args.index(image) + 1:]
     vllm_args[vllm_args.index("--port") + 1] = str(STOCK_PORT)
     docker("rm", "-f", STOCK)
+    env = [line for line in docker("exec", SPARK, "cat", "/etc/sparkops/sparkops-serve.env").stdout.splitlines()
+           if "=" in line and not line.startswith("#") and not line.startswith("SPARKOPS_PLE_FILE=")]
     run = docker("run", "-d", "--rm", "--name", STOCK, "--network", "container:" + SPARK,
-                 "-e", "VLLM_ENABLE_V1_MULTIPROCESSING=0", "-e", "SPARKOPS_PLE_REPORT_WEIGHTS=1",
+                 *[a for line in env for a in ("-e", line)], "-e", "SPARKOPS_PLE_REPORT_WEIGHTS=1",
                  "-v", docker("inspect", "-f", "{{.GraphDriver.Data.MergedDir}}", SPARK).stdout.strip() + MODEL + ":/model:ro",
                  image, *vllm_args)
     assert run.returncode == 0, run.stderr
@@ -100,6 +102,26 @@ def test_the_unit_passes_the_pack_and_the_plugin_takes_the_table(servers):
     log = logs(SERVER)
     assert "model.embed_tokens_per_layer.weight BF16 [512, 4096] (4194304 bytes) is read from /opt/sparkops/ple/ple.pack" in log
     assert "sparkops-ple" not in logs(STOCK).replace("sparkops-ple: resident model weights", "")
+
+
+def test_the_image_label_is_the_plugin_digest_so_the_tag_follows_the_plugin(servers):
+    """The digest of the plugin's files is a LABEL line of the Dockerfile, whose hash is the tag."""
+    import hashlib  # pylint: disable=import-outside-toplevel
+
+    base = os.path.join(PROJECT, "roles", "runtime_image", "files", "sparkops_vllm_ple")
+    names = ["sparkops_vllm_ple/__init__.py", "sparkops_vllm_ple/pack.py", "sparkops_vllm_ple/models.py",
+             "sparkops_vllm_ple-1.0.0.dist-info/METADATA", "sparkops_vllm_ple-1.0.0.dist-info/entry_points.txt",
+             "sparkops_vllm_ple-1.0.0.dist-info/top_level.txt"]
+    texts = []
+    for name in names:
+        with open(os.path.join(base, name), encoding="utf-8") as f:
+            texts.append(f.read().rstrip())  # the file lookup strips trailing whitespace
+    digest = hashlib.sha256("\n--file--\n".join(texts).encode("utf-8")).hexdigest()
+    image = next(a for a in unit_docker_args() if a.startswith("sparkops/molecule-vllm-runtime:"))
+    label = docker("image", "inspect", "-f", '{{index .Config.Labels "io.sparkops.ple-plugin"}}', image).stdout.strip()
+    assert label == digest
+    dockerfile = docker("exec", SPARK, "cat", "/var/lib/sparkops/runtime-image/Dockerfile").stdout
+    assert 'LABEL io.sparkops.ple-plugin="%s"' % digest in dockerfile
 
 
 def completions(port, temperature, seed=None):
@@ -172,3 +194,41 @@ def test_the_table_pages_are_page_cache_not_anonymous(servers):
           "(whole machine, shared)" % (before_rss, after_rss, before_anon, after_anon, cached1 - cached0, anon1 - anon0))
     assert after_rss > before_rss > 0
     assert before_anon == after_anon == 0
+
+
+STALE_PLAY = """\
+- name: Restart the server on a stale pack (the serve role only)
+  hosts: sparks
+  gather_facts: true
+  tasks:
+    - name: Stop the server
+      ansible.builtin.systemd_service:
+        name: sparkops-serve.service
+        state: stopped
+    - name: Serve
+      ansible.builtin.include_role:
+        name: sparkops.appliance.serve
+"""
+
+
+def test_z_a_stale_pack_stops_the_start_naming_the_table(servers, tmp_path):
+    """Last: the checkpoint's shard gets a new mtime (as if rewritten), the pack is now stale."""
+    shard = MODEL + "/model.safetensors"
+    mtime = docker("exec", SPARK, "stat", "-c", "%Y", shard).stdout.strip()
+    image = next(a for a in unit_docker_args() if a.startswith("sparkops/molecule-vllm-runtime:"))
+    assert docker("exec", SPARK, "touch", "-d", "@%d" % (int(mtime) + 60), shard).returncode == 0
+    try:
+        (tmp_path / "stale.yml").write_text(STALE_PLAY)
+        env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
+        t0 = time.monotonic()
+        proc = subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(tmp_path / "stale.yml"),
+                               "-e", "serve_ple_file=" + PACK, "-e", "serve_image=" + image],
+                              capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
+        took = time.monotonic() - t0
+        out = proc.stdout + proc.stderr
+        print("stale pack: play failed after %.0f s: %s" % (took, [l for l in out.splitlines() if "stale pack" in l][:1]))
+        assert proc.returncode != 0, out[-3000:]
+        assert "stale pack" in out and "model.embed_tokens_per_layer.weight" in out, out[-3000:]
+    finally:
+        docker("exec", SPARK, "touch", "-d", "@" + mtime, shard)
+        docker("exec", SPARK, "systemctl", "stop", SVC)
