@@ -90,8 +90,8 @@ def converge(tmp_path, venv, hub, token):
         "checkpoint_ple_pack_gib": 0, "checkpoint_min_free_margin_gib": 0, "checkpoint_progress_interval_s": 1,
         "checkpoint_fetch_timeout_s": 120}
     (tmp_path / "vars.json").write_text(json.dumps(variables))  # on no command line either
-    (tmp_path / "pb.yml").write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False,
-                                                       "roles": ["sparkops.appliance.checkpoint"]}]))
+    play = {"hosts": "localhost", "gather_facts": False, "roles": ["sparkops.appliance.checkpoint"]}
+    (tmp_path / "pb.yml").write_text(yaml.safe_dump([play]))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     env.pop("HF_TOKEN", None)
     before = token_files()
