@@ -19,7 +19,6 @@ import json
 import os
 import re
 import socket
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -124,6 +123,69 @@ def build_manifest(root, workers=0, revision=None, on_bytes=None):
     hashed = hash_files(root, rels, workers, on_bytes)
     files = [{"path": r, "size": hashed[r][0], "sha256": hashed[r][1]} for r in rels]
     return {"version": MANIFEST_VERSION, "revision": revision, "files": files}
+
+
+def validate_expected(expected, origin="expected"):
+    """Check a list of {path, size, sha256 or None} (what a source such as the Hugging Face Hub says
+    a checkpoint holds) and return it normalised, sorted by path."""
+    if not isinstance(expected, list) or not expected:
+        raise CheckpointError("%s: expected a non-empty list of {path, size, sha256}" % origin)
+    out, seen = [], set()
+    for i, e in enumerate(expected):
+        rel, size, sha = (e.get("path"), e.get("size"), e.get("sha256")) if isinstance(e, dict) else (None, None, None)
+        if not isinstance(rel, str):
+            raise CheckpointError("%s[%d]: path must be a string" % (origin, i))
+        safe_join("/", rel)
+        if rel in seen:
+            raise CheckpointError("%s: %s is listed twice" % (origin, rel))
+        seen.add(rel)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise CheckpointError("%s: %s: size must be a non-negative integer, got %r" % (origin, rel, size))
+        if sha is not None and (not isinstance(sha, str) or not _SHA_RE.match(sha.lower())):
+            raise CheckpointError("%s: %s: sha256 must be 64 hex digits or null, got %r" % (origin, rel, sha))
+        out.append({"path": rel, "size": size, "sha256": sha.lower() if sha else None})
+    return sorted(out, key=lambda x: x["path"])
+
+
+def build_checked_manifest(root, expected, workers=0, revision=None, on_bytes=None):
+    """Build a manifest from exactly the files `expected` lists, each checked first against the
+    source's word: present, of the listed size, and of the listed sha256 where one is given.
+    Returns (manifest, []) or (None, problems) -- nothing unchecked is ever accepted."""
+    problems, to_hash = [], []
+    for e in expected:
+        p = safe_join(root, e["path"])
+        if not os.path.isfile(p):
+            problems.append((e["path"], "missing", e["size"], None))
+            continue
+        size = os.path.getsize(p)
+        if size != e["size"]:
+            problems.append((e["path"], "size", e["size"], size))
+        else:
+            to_hash.append(e["path"])
+    hashed = hash_files(root, to_hash, workers, on_bytes)
+    for e in expected:
+        if e["sha256"] and e["path"] in hashed and hashed[e["path"]][1] != e["sha256"]:
+            problems.append((e["path"], "sha256", e["sha256"], hashed[e["path"]][1]))
+    if problems:
+        return None, problems
+    files = [{"path": e["path"], "size": e["size"], "sha256": hashed[e["path"]][1]} for e in expected]
+    return {"version": MANIFEST_VERSION, "revision": revision, "files": files}, []
+
+
+def compare_with_expected(manifest, expected):
+    """Problems where a manifest disagrees with the source's list (no hashing: the manifest's own
+    sizes and sha256 against the listed ones)."""
+    have = dict((e["path"], e) for e in manifest["files"])
+    problems = []
+    for e in expected:
+        m = have.get(e["path"])
+        if m is None:
+            problems.append((e["path"], "missing", e["size"], None))
+        elif m["size"] != e["size"]:
+            problems.append((e["path"], "size", e["size"], m["size"]))
+        elif e["sha256"] and m["sha256"] != e["sha256"]:
+            problems.append((e["path"], "sha256", e["sha256"], m["sha256"]))
+    return problems
 
 
 def validate_manifest(data, origin="manifest"):
@@ -237,21 +299,14 @@ def read_text(path):
         return None
 
 
-def atomic_write(path, text, mode=0o644):
-    """Write a small file through a temp file in the same directory and a rename."""
-    d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _replace_progress(path, text):
+    """Rewrite the progress file through a temp file and a rename. Not module.atomic_move: this runs
+    about once a second inside a transfer, on a status file in /run that is no managed
+    configuration (no owner, mode or SELinux context to keep), and it must never fail the transfer."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 class Progress(object):
@@ -290,7 +345,7 @@ class Progress(object):
         data = {"done": self.done, "total": self.total, "file": self.file, "state": self.state,
                 "text": self.text()}
         try:
-            atomic_write(self.path, json.dumps(data) + "\n")
+            _replace_progress(self.path, json.dumps(data) + "\n")
         except (IOError, OSError):
             pass  # progress is best effort; never fail a transfer because of it
 

@@ -210,6 +210,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.appliance.plugins.module_utils._disk import filesystem_space
 from ansible_collections.sparkops.appliance.plugins.module_utils._safetensors import (
     RangeCopier,
     SafetensorsError,
@@ -502,8 +503,7 @@ def _remove(paths):
 
 
 def _check_space(directory, needed):
-    st = os.statvfs(directory)
-    free = st.f_bavail * st.f_frsize
+    free = filesystem_space(directory)[0]
     if free < needed:
         raise PackError("not enough free disk in %s: the PLE pack needs %d bytes (%.2f GiB), %d "
                         "bytes (%.2f GiB) are free" % (directory, needed, needed / GIB, free, free / GIB))
