@@ -118,21 +118,25 @@ def main():
     ap.add_argument("--profile", action="store_true", help="print the 10 slowest tasks of a no-op run on 2 Sparks")
     ap.add_argument("--before", default=None, help="another checkout: also time and profile its no-op site.yml")
     ap.add_argument("--keep", action="store_true", help="leave the lab Sparks up at the end")
+    ap.add_argument("--reuse", action="store_true", help="the benchmark's lab Sparks of an earlier --keep run are up: use them")
     a = ap.parse_args()
     if a.sparks < 3:
         sys.exit("--sparks must be 3 or more (it is compared with 2)")
     lab_image = os.environ.get("SPARKOPS_LAB_IMAGE") or sh([os.path.join(ROOT, "lab", "image", "tag.sh")]).stdout.strip()
     runtime = os.environ.get("SPARKOPS_LAB_RUNTIME_IMAGE") or sh([os.path.join(ROOT, "lab", "runtime", "tag.sh")]).stdout.strip()
     env = dict(os.environ, SPARKOPS_LAB_IMAGE=lab_image, SPARKOPS_LAB_RUNTIME_IMAGE=runtime)
-    if sh(["docker", "network", "inspect", NETWORK]).returncode == 0:
-        sys.exit("the Docker network %s exists already (another benchmark run?): remove it first" % NETWORK)
-    inv_dir = tempfile.mkdtemp(prefix="converge-bench-")
-    subnet = free_subnet()
+    existing = sh(["docker", "network", "inspect", "-f", "{{range .IPAM.Config}}{{.Subnet}}{{end}}", NETWORK])
+    if existing.returncode == 0 and not a.reuse:
+        sys.exit("the Docker network %s exists already (another benchmark run?): remove it first, or --reuse it" % NETWORK)
+    work = tempfile.mkdtemp(prefix="converge-bench-")
+    inv_dir = os.path.join(work, "inventory")    # ansible reads every file of an inventory folder
+    os.mkdir(inv_dir)
+    subnet = ipaddress.ip_network(existing.stdout.strip()) if existing.returncode == 0 else free_subnet()
     hosts = write_inventory(inv_dir, a.sparks, subnet)
     run = Runner(inv_dir, env)
     lab = os.path.join(ROOT, "lab", "lab.yml")
     site = os.path.join(ROOT, "playbooks", "site.yml")
-    facts = os.path.join(inv_dir, "facts.yml")
+    facts = os.path.join(work, "facts.yml")
     with open(facts, "w", encoding="utf-8") as f:
         f.write(FACTS_PLAY)
     small = ",".join(hosts[:2])
@@ -141,7 +145,9 @@ def main():
     try:
         took, _out = run.playbook(lab, "-e", "lab_image=" + lab_image)
         print("lab up: %.1f s" % took, flush=True)
-        took, out = run.playbook(site)
+        # Setup, not measured: N vLLMs starting at once on a small machine may need more than
+        # serve_health_timeout_s's default.
+        took, out = run.playbook(site, "-e", "serve_health_timeout_s=3600")
         print("first converge of %d Sparks: %.1f s (changed=%d)" % (len(hosts), took, changed_total(out)), flush=True)
         times = {"facts": {2: [], a.sparks: []}, "noop": {2: [], a.sparks: []}}
         for rnd in range(a.rounds):
@@ -184,7 +190,7 @@ def main():
         else:
             took, out = run.playbook(lab, "-e", "lab_state=absent", check=False)
             print("lab down: %.1f s" % took)
-            shutil.rmtree(inv_dir, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
