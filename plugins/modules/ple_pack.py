@@ -1,5 +1,6 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
@@ -32,9 +33,9 @@ description:
     file, overlapping or out-of-range offsets, a tensor name in two shards, an unsupported
     dtype, no table matching O(name_patterns) (the message lists the closest names), not
     enough free disk.
-version_added: "1.0.0"
+version_added: "0.1.0"
 author:
-  - sparkops.appliance contributors (@sparkops)
+  - sparkops contributors (@sparkops)
 options:
   checkpoint_dir:
     description:

@@ -1,3 +1,5 @@
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Plan or download a pinned Hugging Face snapshot into a directory (run in the role's venv).
 
   hf_fetch.py plan     --repo R --revision SHA [--allow-pattern P ...]
