@@ -13,7 +13,7 @@ Throughput is bytes moved per second: the pack moves the PLE bytes, cp moves the
 Before each timed run the page cache of the benchmark's own files is dropped
 (posix_fadvise DONTNEED after fsync), so both read from the disk; --warm keeps them cached.
 
-Targets (issue 4): pack >= 0.8 x cp; peak RSS of the pack < 256 MiB whatever the size.
+Targets (the PLE pack of SPEC §5): pack >= 0.8 x cp; peak RSS of the pack < 256 MiB whatever the size.
 
 Usage: python benchmarks/ple_pack_bench.py --size-gib 4 [--shards 4] [--dir /var/tmp]
 """

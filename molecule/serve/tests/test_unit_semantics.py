@@ -1,6 +1,6 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The serve unit's systemd and Docker semantics, on the lab Spark's real systemd with the real
-vLLM server (issue 9): /dev/shm clean-up spares objects a live process holds, a slow crash loop
+vLLM server (SPEC §6, §7): /dev/shm clean-up spares objects a live process holds, a slow crash loop
 stops after serve_max_failed_starts, the drained recycle restarts an idle server exactly once,
 waits while a request runs and gives up at its bound without touching the server, recycle off
 leaves no files, a bad calendar is refused before any write, and stopping a server whose
@@ -73,7 +73,7 @@ def now(host):
 
 def exec_start_prefix(host):
     """What the unit's ExecStart puts before `docker run` (the helper and its options today;
-    nothing in the unit before issue 9), so a test can replace only the server itself."""
+    nothing in the unit before it had one), so a test can replace only the server itself."""
     text = host.file("/etc/systemd/system/%s" % SVC).content_string.replace("\\\n", " ")
     line = next(x for x in text.splitlines() if x.startswith("ExecStart="))
     return line[len("ExecStart="):line.index("/usr/bin/docker run")]
@@ -219,7 +219,7 @@ def test_recycle_of_an_idle_server_restarts_it_exactly_once(host):
 @pytest.mark.skip(reason="on a quiet machine the tiny model ends the longest request its context allows (1000 "
                   "tokens) in about 3 s, before the recycle's drain bound; seen [1, 1, 1, 0, None]. The busy path is "
                   "covered by tests/unit/roles/test_serve_unit.py (stand-in /metrics); this lab proof needs a request "
-                  "that outlasts the bound (open issue 9)")
+                  "that outlasts the bound (SPEC §6)")
 def test_recycle_waits_while_a_request_runs_and_gives_up_at_the_bound(host):
     ensure_serving(host)
     request = "sparkops-test-long-request"

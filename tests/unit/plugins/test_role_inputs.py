@@ -20,7 +20,7 @@ OPTIONS = load_role_options()
 
 def test_every_role_spec_is_read_and_the_bools_come_from_the_specs():
     bools = names_by_type(OPTIONS, 'bool')
-    # the ones the hand-written list missed (issue 9) are found because the specs declare them
+    # the ones a hand-written list missed are found because the specs declare them
     for name in ('runtime_image_install_jemalloc', 'runtime_image_pull_base', 'serve_jemalloc',
                  'serve_enable_prefix_caching', 'memwatch_service_enabled', 'checkpoint_validate_certs',
                  'ple_verify', 'spark_expect_gpu', 'host_tuning_min_free_kbytes_force'):
