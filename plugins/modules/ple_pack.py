@@ -416,8 +416,8 @@ def _same_layout(a, b):
     keys = ("name", "dtype", "shape", "offset", "nbytes", "source_shard")
     if a is None or b is None:
         return False
-    if any(a.get(k) != b.get(k) for k in ("fingerprint", "alignment", "file_bytes", "ple_bytes",
-                                            "hash_scheme", "hash_chunk_bytes")):
+    index_keys = ("fingerprint", "alignment", "file_bytes", "ple_bytes", "hash_scheme", "hash_chunk_bytes")
+    if any(a.get(k) != b.get(k) for k in index_keys):
         return False
     ta, tb = a.get("tables", []), b.get("tables", [])
     return len(ta) == len(tb) and all(

@@ -77,4 +77,3 @@ def start_the_serve_unit_and_fire(host, nth):
     wait_for("the unit's container", lambda: container_state(host) == (True, 0))
     write_meminfo(host, 5, 3)
     return wait_for("action %d" % nth, lambda: len(events(host, "action")) == nth and events(host, "action"))[-1]
-

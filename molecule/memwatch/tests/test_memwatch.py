@@ -13,6 +13,7 @@ import pytest
 from memwatch_lab import (ARCHIVES, GIB, IGNORE_TERM, METRICS, NAME, NV, TEST_DIR, container_state, events, metrics, put_file,
                           start_the_serve_unit_and_fire, wait_for, write_meminfo)
 
+
 @pytest.fixture(scope="module", autouse=True)
 def cleanup(host):
     yield

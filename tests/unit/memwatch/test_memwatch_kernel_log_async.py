@@ -12,6 +12,7 @@ import os
 from mwhelpers import fake_journalctl
 from test_memwatch_daemon import NV
 
+
 def journal_lab(lab, monkeypatch, sleep_s):
     """The stand-in journalctl (mwhelpers), answering after sleep_s, with one NV_ERR line."""
     jctl, _journal, pids = fake_journalctl(lab, monkeypatch, "boot\n" + NV, sleep_s=sleep_s)
