@@ -1,6 +1,6 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The serve unit's systemd and Docker semantics, on the lab Spark's real systemd with the real
-vLLM server (issue 9): /dev/shm clean-up spares objects a live process holds, a slow crash loop
+vLLM server (SPEC §6, §7): /dev/shm clean-up spares objects a live process holds, a slow crash loop
 stops after serve_max_failed_starts, the drained recycle restarts an idle server exactly once,
 waits while requests run or wait and gives up at its bound without touching the server, a
 server whose engine died comes back on its own, recycle off leaves no files, a bad calendar is
@@ -65,7 +65,7 @@ def now(host):
 
 def exec_start_prefix(host):
     """What the unit's ExecStart puts before `docker run` (the helper and its options today;
-    nothing in the unit before issue 9), so a test can replace only the server itself."""
+    nothing in the unit before it had one), so a test can replace only the server itself."""
     text = host.file("/etc/systemd/system/%s" % SVC).content_string.replace("\\\n", " ")
     line = next(x for x in text.splitlines() if x.startswith("ExecStart="))
     return line[len("ExecStart="):line.index("/usr/bin/docker run")]

@@ -117,7 +117,7 @@ def test_model_comes_from_the_shared_model_variables(tmp_path):
     assert "--served-model-name gemma-3n" in text
 
 
-# --- the unit's semantics (issue 9) ----------------------------------------------------------
+# --- the unit's semantics (SPEC §6) -----------------------------------------------------------
 
 def test_unit_uses_the_helper_for_shm_start_bound_and_stop(tmp_path):
     unit, _env = render(tmp_path)
