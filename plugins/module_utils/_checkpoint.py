@@ -151,21 +151,7 @@ def build_checked_manifest(root, expected, workers=0, revision=None, on_bytes=No
     """Build a manifest from exactly the files `expected` lists, each checked first against the
     source's word: present, of the listed size, and of the listed sha256 where one is given.
     Returns (manifest, []) or (None, problems) -- nothing unchecked is ever accepted."""
-    problems, to_hash = [], []
-    for e in expected:
-        p = safe_join(root, e["path"])
-        if not os.path.isfile(p):
-            problems.append((e["path"], "missing", e["size"], None))
-            continue
-        size = os.path.getsize(p)
-        if size != e["size"]:
-            problems.append((e["path"], "size", e["size"], size))
-        else:
-            to_hash.append(e["path"])
-    hashed = hash_files(root, to_hash, workers, on_bytes)
-    for e in expected:
-        if e["sha256"] and e["path"] in hashed and hashed[e["path"]][1] != e["sha256"]:
-            problems.append((e["path"], "sha256", e["sha256"], hashed[e["path"]][1]))
+    problems, hashed = check_entries(root, expected, workers, on_bytes)
     if problems:
         return None, problems
     files = [{"path": e["path"], "size": e["size"], "sha256": hashed[e["path"]][1]} for e in expected]
@@ -241,9 +227,16 @@ def total_bytes(manifest):
 def verify_tree(root, manifest, workers=0, on_bytes=None):
     """Compare root to the manifest. Sizes are checked first (cheap), then only files of the right
     size are hashed, in parallel. Returns a list of problems: (path, what, expected, actual)."""
-    problems = []
-    to_hash = []
-    for e in manifest["files"]:
+    return check_entries(root, manifest["files"], workers, on_bytes)[0]
+
+
+def check_entries(root, entries, workers=0, on_bytes=None):
+    """Check files under root against entries ({path, size, sha256 or None}): sizes first (cheap),
+    then only files of the right size are hashed, in parallel; an entry without a sha256 is
+    checked by size only. Returns (problems, hashed): problems as (path, what, expected, actual),
+    hashed as hash_files returns it."""
+    problems, to_hash = [], []
+    for e in entries:
         p = safe_join(root, e["path"])
         if not os.path.isfile(p):
             problems.append((e["path"], "missing", e["size"], None))
@@ -254,10 +247,10 @@ def verify_tree(root, manifest, workers=0, on_bytes=None):
         else:
             to_hash.append(e["path"])
     hashed = hash_files(root, to_hash, workers, on_bytes)
-    for e in manifest["files"]:
-        if e["path"] in hashed and hashed[e["path"]][1] != e["sha256"]:
+    for e in entries:
+        if e["sha256"] and e["path"] in hashed and hashed[e["path"]][1] != e["sha256"]:
             problems.append((e["path"], "sha256", e["sha256"], hashed[e["path"]][1]))
-    return problems
+    return problems, hashed
 
 
 def describe_problems(root, problems, limit=10):
