@@ -208,7 +208,7 @@ def test_recycle_of_an_idle_server_restarts_it_exactly_once(host):
     assert healthy(host)
 
 
-LOAD_REQUESTS = 12     # x 1000 tokens at max_num_seqs 4: about 15 s of work on a quiet lab, 2.5x the drain bound
+LOAD_REQUESTS = 32     # x 1000 tokens at max_num_seqs 4: about 25 s of work on a quiet lab (12 ended too soon), 4x the drain bound
 DRAIN_S = 6
 
 
@@ -241,14 +241,14 @@ def test_recycle_waits_while_requests_run_and_gives_up_at_the_bound(host):
         host.run_expect([0], "systemd-run --unit %s --collect /bin/sh -c %s" % (load, shlex.quote(script)))
 
         def loaded():
-            if (busy_requests(host) or 0) >= LOAD_REQUESTS // 2:
+            if (busy_requests(host) or 0) >= 1:
                 return True
             if host.run("systemctl is-active %s" % load).stdout.strip() not in ("active", "activating"):
                 pytest.fail("the load ended before the recycle could wait for it: %s" % host.run(
-                    "journalctl -u %s -o cat --no-pager | tail -3; head -c 300 /tmp/load/*.json" % load).stdout)
+                    "journalctl -u %s -o cat --no-pager | tail -3 | cut -c1-300; ls -l /tmp/load" % load).stdout)
             return False
 
-        wait_for("the load to be queued", loaded, 60, step=0.5)
+        wait_for("the load to run", loaded, 60, step=0.5)
         t0 = time.monotonic()
         host.run_expect([0], "systemctl start --no-block %s" % RECYCLE)
         seen = []
