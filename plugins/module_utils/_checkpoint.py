@@ -130,21 +130,30 @@ def validate_expected(expected, origin="expected"):
     a checkpoint holds) and return it normalised, sorted by path."""
     if not isinstance(expected, list) or not expected:
         raise CheckpointError("%s: expected a non-empty list of {path, size, sha256}" % origin)
-    out, seen = [], set()
-    for i, e in enumerate(expected):
-        rel, size, sha = (e.get("path"), e.get("size"), e.get("sha256")) if isinstance(e, dict) else (None, None, None)
-        if not isinstance(rel, str):
-            raise CheckpointError("%s[%d]: path must be a string" % (origin, i))
-        safe_join("/", rel)
-        if rel in seen:
-            raise CheckpointError("%s: %s is listed twice" % (origin, rel))
-        seen.add(rel)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise CheckpointError("%s: %s: size must be a non-negative integer, got %r" % (origin, rel, size))
-        if sha is not None and (not isinstance(sha, str) or not _SHA_RE.match(sha.lower())):
-            raise CheckpointError("%s: %s: sha256 must be 64 hex digits or null, got %r" % (origin, rel, sha))
-        out.append({"path": rel, "size": size, "sha256": sha.lower() if sha else None})
+    seen = set()
+    out = [_file_entry(e if isinstance(e, dict) else {}, origin, "%s[%d]: path" % (origin, i), seen, sha_optional=True)
+           for i, e in enumerate(expected)]
     return sorted(out, key=lambda x: x["path"])
+
+
+def _file_entry(entry, origin, path_label, seen, sha_optional=False):
+    """One {path, size, sha256} entry of a manifest or an expected list, checked and normalised
+    (sha256 lower-case; None only where sha_optional). path_label names the entry's path in the
+    message when it is not a string; seen collects the paths, so a path listed twice is refused."""
+    rel, size, sha = entry.get("path"), entry.get("size"), entry.get("sha256")
+    if not isinstance(rel, str):
+        raise CheckpointError("%s must be a string" % path_label)
+    safe_join("/", rel)
+    if rel in seen:
+        raise CheckpointError("%s: %s is listed twice" % (origin, rel))
+    seen.add(rel)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise CheckpointError("%s: %s: size must be a non-negative integer, got %r" % (origin, rel, size))
+    if sha_optional and sha is None:
+        return {"path": rel, "size": size, "sha256": None}
+    if not isinstance(sha, str) or not _SHA_RE.match(sha.lower()):
+        raise CheckpointError("%s: %s: sha256 must be 64 hex digits%s, got %r" % (origin, rel, " or null" if sha_optional else "", sha))
+    return {"path": rel, "size": size, "sha256": sha.lower()}
 
 
 def build_checked_manifest(root, expected, workers=0, revision=None, on_bytes=None):
@@ -185,18 +194,7 @@ def validate_manifest(data, origin="manifest"):
     for i, entry in enumerate(data["files"]):
         if not isinstance(entry, dict):
             raise CheckpointError("%s: files[%d] is not an object" % (origin, i))
-        rel, size, sha = entry.get("path"), entry.get("size"), entry.get("sha256")
-        if not isinstance(rel, str):
-            raise CheckpointError("%s: files[%d].path must be a string" % (origin, i))
-        safe_join("/", rel)
-        if rel in seen:
-            raise CheckpointError("%s: %s is listed twice" % (origin, rel))
-        seen.add(rel)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise CheckpointError("%s: %s: size must be a non-negative integer, got %r" % (origin, rel, size))
-        if not isinstance(sha, str) or not _SHA_RE.match(sha.lower()):
-            raise CheckpointError("%s: %s: sha256 must be 64 hex digits, got %r" % (origin, rel, sha))
-        files.append({"path": rel, "size": size, "sha256": sha.lower()})
+        files.append(_file_entry(entry, origin, "%s: files[%d].path" % (origin, i), seen))
     if not files:
         raise CheckpointError("%s: the 'files' list is empty" % origin)
     revision = data.get("revision")
