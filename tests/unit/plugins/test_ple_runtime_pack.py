@@ -4,6 +4,7 @@
 Packs are written by the real packer (sparkops.appliance.ple_pack) from checkpoints written by
 the safetensors library; the reader is the plugin's own, standard library only (no torch here).
 """
+import json
 import os
 import struct
 import sys
@@ -87,6 +88,31 @@ def test_a_truncated_copy_is_refused(packed):
     with open(dest, "r+b") as f:
         f.truncate(os.path.getsize(dest) - 1)
     with pytest.raises(pack.PackMismatch, match="truncated or partial copy"):
+        pack.open_checked(dest, ckpt, ROWS, COLS, "Gemma3nForCausalLM")
+
+
+def _rewrite_index(path, change):
+    with open(path, "r+b") as f:
+        _magic, _version, _flags, index_len = pack.PREFIX.unpack(f.read(pack.PREFIX.size))
+        index = json.loads(f.read(index_len))
+        change(index)
+        blob = json.dumps(index, separators=(",", ":")).encode("utf-8")
+        assert len(blob) <= index_len   # shorter: the tables stay where they are
+        f.seek(0)
+        f.write(pack.PREFIX.pack(pack.MAGIC, pack.FORMAT_VERSION, 0, len(blob)) + blob)
+
+
+@pytest.mark.parametrize("scheme", [None, "sha1-chunks"])
+def test_an_older_or_unknown_hash_scheme_is_refused(packed, scheme):
+    ckpt, dest, _raw = packed
+    pack.open_checked(dest, ckpt, ROWS, COLS, "Gemma3nForCausalLM")   # as packed: read
+
+    def older(index):
+        index.pop("hash_scheme")
+        if scheme:
+            index["hash_scheme"] = scheme
+    _rewrite_index(dest, older)
+    with pytest.raises(pack.PackMismatch, match="hash scheme %r: packed with the old whole-table sha256" % scheme):
         pack.open_checked(dest, ckpt, ROWS, COLS, "Gemma3nForCausalLM")
 
 

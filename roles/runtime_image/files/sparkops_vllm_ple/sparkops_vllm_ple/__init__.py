@@ -1,4 +1,4 @@
-# Copyright (C) 2026 sparkops contributors
+# Copyright: sparkops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """sparkops' vLLM plugin: per-layer embeddings (PLE) read from the packed file through mmap.
 

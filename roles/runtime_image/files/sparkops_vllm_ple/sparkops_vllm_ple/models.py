@@ -1,4 +1,4 @@
-# Copyright (C) 2026 sparkops contributors
+# Copyright: sparkops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """vLLM model classes whose per-layer embedding table is read from the mmap'd packed file.
 

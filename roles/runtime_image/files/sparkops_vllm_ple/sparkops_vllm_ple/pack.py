@@ -1,4 +1,4 @@
-# Copyright (C) 2026 sparkops contributors
+# Copyright: sparkops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Reader and start-up checks of the packed PLE file (docs/ple-format.md), standard library only.
 
@@ -15,6 +15,7 @@ import struct
 MAGIC = b"SPARKPLE"
 FORMAT_VERSION = 1
 PREFIX = struct.Struct("<8sIIQ")  # magic, format version, flags, index length
+HASH_SCHEME = "sha256-chunks"  # how tables[].digest is computed (docs/ple-format.md)
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 MAX_HEADER_BYTES = 100 * 1000 * 1000
 DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4}  # the dtypes a lookup can serve as embeddings
@@ -51,6 +52,10 @@ def read_index(path):
         raise PackMismatch("%s: the index is not JSON (%s); %s" % (path, exc, FIX)) from exc
     if index.get("format") != "sparkops-ple" or index.get("byte_order", "little") != "little":
         raise PackMismatch("%s: index format %r, byte order %r; %s" % (path, index.get("format"), index.get("byte_order"), FIX))
+    if index.get("hash_scheme") != HASH_SCHEME:
+        # docs/ple-format.md: a reader refuses an older (whole-table sha256) or unknown scheme.
+        raise PackMismatch("%s: hash scheme %r: packed with the old whole-table sha256 (or an unknown scheme), "
+                           "this runtime reads %s packs; %s" % (path, index.get("hash_scheme"), HASH_SCHEME, FIX))
     if index.get("file_bytes") != size:
         raise PackMismatch("%s: %d bytes but its index says %r (a truncated or partial copy); %s"
                            % (path, size, index.get("file_bytes"), FIX))
