@@ -49,8 +49,10 @@ def wait_healthy(port, container, bound_s=900):
     while time.monotonic() < deadline:
         if healthy(port):
             return
+        # the unit's container has --rm (gone when it exits): anything but "true" is a dead server
         state = docker("inspect", "-f", "{{.State.Running}}", container)
-        assert state.stdout.strip() != "false", docker("logs", "--tail", "40", container).stderr
+        assert state.stdout.strip() == "true", "%s is not running (%s): %s" % (
+            container, state.stderr.strip(), docker("logs", "--tail", "40", container).stderr)
         time.sleep(2)
     pytest.fail("%s not healthy within %d s" % (container, bound_s))
 
@@ -58,8 +60,13 @@ def wait_healthy(port, container, bound_s=900):
 def unit_docker_args():
     """The unit's own docker run line (image, vLLM args), read from the rendered unit."""
     unit = docker("exec", SPARK, "systemctl", "cat", SVC).stdout
-    line = unit.split("/usr/bin/docker run", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ")
-    return line.split()
+    rest = unit.split("/usr/bin/docker run", 1)[1].splitlines()
+    line = []
+    for part in rest:   # the command ends at the first line that does not continue with a backslash
+        line.append(part.rstrip("\\"))
+        if not part.endswith("\\"):
+            break
+    return " ".join(line).split()
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +80,8 @@ def servers():
     docker("rm", "-f", STOCK)
     env = [line for line in docker("exec", SPARK, "cat", "/etc/sparkops/sparkops-serve.env").stdout.splitlines()
            if "=" in line and not line.startswith("#") and not line.startswith("SPARKOPS_PLE_FILE=")]
-    run = docker("run", "-d", "--rm", "--name", STOCK, "--network", "container:" + SPARK,
+    # no --rm: the log of a failed start stays readable; the finally below removes it
+    run = docker("run", "-d", "--name", STOCK, "--network", "container:" + SPARK,
                  *[a for line in env for a in ("-e", line)], "-e", "SPARKOPS_PLE_REPORT_WEIGHTS=1",
                  "-v", docker("inspect", "-f", "{{.GraphDriver.Data.MergedDir}}", SPARK).stdout.strip() + MODEL + ":/model:ro",
                  image, *vllm_args)
