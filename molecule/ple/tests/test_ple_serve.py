@@ -15,6 +15,7 @@ import time
 import pytest
 
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.getcwd())
+SCENARIO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARK = "sparkops-molecule-ple"
 SERVER = "sparkops-vllm-" + SPARK
 STOCK = "sparkops-molecule-ple-stock"
@@ -227,6 +228,8 @@ def test_z_a_stale_pack_stops_the_start_naming_the_table(servers, tmp_path):
     assert docker("exec", SPARK, "touch", "-d", "@%d" % (int(mtime) + 60), shard).returncode == 0
     try:
         (tmp_path / "stale.yml").write_text(STALE_PLAY)
+        # the lab overrides are the scenario's playbook group_vars: the same beside this play
+        (tmp_path / "group_vars").symlink_to(os.path.join(SCENARIO, "group_vars"))
         env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
         t0 = time.monotonic()
         proc = subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(tmp_path / "stale.yml"),
