@@ -51,7 +51,7 @@ def test_the_audio_tower_table_is_not_taken_for_the_language_model(packed):
 @pytest.mark.parametrize("rows, cols", [(ROWS + 1, COLS), (ROWS, COLS * 2)])
 def test_a_wrong_shape_is_refused_naming_the_table(packed, rows, cols):
     ckpt, dest, _raw = packed
-    with pytest.raises(pack.PackMismatch) as err:
+    with pytest.raises(pack.PackMismatchError) as err:
         pack.open_checked(dest, ckpt, rows, cols, "Gemma4ForCausalLM")
     msg = str(err.value)
     assert PLE in msg and "[%d, %d]" % (ROWS, COLS) in msg and "[%d, %d]" % (rows, cols) in msg
@@ -63,7 +63,7 @@ def test_a_stale_fingerprint_is_refused_naming_the_table(packed):
     shard = os.path.join(ckpt, "model-00001-of-00003.safetensors")
     st = os.stat(shard)
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))  # rewritten since the pack
-    with pytest.raises(pack.PackMismatch) as err:
+    with pytest.raises(pack.PackMismatchError) as err:
         pack.open_checked(dest, ckpt, ROWS, COLS, "Gemma3nForCausalLM")
     assert "stale pack" in str(err.value) and PLE in str(err.value)
 
@@ -78,7 +78,7 @@ def test_a_pack_of_another_checkpoint_is_refused(packed, tmp_path):
     _ckpt, dest, _raw = packed
     other = tmp_path / "other"
     build_checkpoint(other, seed=3, layout=[{PLE: ("bf16", (ROWS, COLS)), PLE_AUDIO: ("float16", (33, 17))}])
-    with pytest.raises(pack.PackMismatch) as err:
+    with pytest.raises(pack.PackMismatchError) as err:
         pack.open_checked(dest, str(other), ROWS, COLS, "Gemma3nForCausalLM")
     assert PLE in str(err.value)
 
@@ -87,7 +87,7 @@ def test_a_truncated_copy_is_refused(packed):
     ckpt, dest, _raw = packed
     with open(dest, "r+b") as f:
         f.truncate(os.path.getsize(dest) - 1)
-    with pytest.raises(pack.PackMismatch, match="truncated or partial copy"):
+    with pytest.raises(pack.PackMismatchError, match="truncated or partial copy"):
         pack.open_checked(dest, ckpt, ROWS, COLS, "Gemma3nForCausalLM")
 
 
@@ -112,16 +112,16 @@ def test_an_older_or_unknown_hash_scheme_is_refused(packed, scheme):
         if scheme:
             index["hash_scheme"] = scheme
     _rewrite_index(dest, older)
-    with pytest.raises(pack.PackMismatch, match="hash scheme %r: packed with the old whole-table sha256" % scheme):
+    with pytest.raises(pack.PackMismatchError, match="hash scheme %r: packed with the old whole-table sha256" % scheme):
         pack.open_checked(dest, ckpt, ROWS, COLS, "Gemma3nForCausalLM")
 
 
 def test_not_a_pack_and_a_missing_file_are_refused(tmp_path):
     bad = tmp_path / "bad.ple"
     bad.write_bytes(b"NOTAPACK" + struct.pack("<IIQ", 1, 0, 2) + b"{}")
-    with pytest.raises(pack.PackMismatch, match="not a packed PLE file"):
+    with pytest.raises(pack.PackMismatchError, match="not a packed PLE file"):
         pack.read_index(str(bad))
-    with pytest.raises(pack.PackMismatch, match="SPARKOPS_PLE_FILE .* cannot be read"):
+    with pytest.raises(pack.PackMismatchError, match="SPARKOPS_PLE_FILE .* cannot be read"):
         pack.read_index(str(tmp_path / "missing.ple"))
 
 
@@ -130,7 +130,7 @@ def test_a_quantised_table_is_refused(tmp_path):
     build_checkpoint(ckpt, layout=[{PLE: ("f8", (ROWS, COLS))}])
     dest = str(tmp_path / "q.ple")
     ple_pack.pack(str(ckpt), dest)
-    with pytest.raises(pack.PackMismatch, match="F8_E4M3"):
+    with pytest.raises(pack.PackMismatchError, match="F8_E4M3"):
         pack.open_checked(dest, str(ckpt), ROWS, COLS, "Gemma3nForCausalLM")
 
 
@@ -139,7 +139,7 @@ def test_two_language_model_tables_are_refused(tmp_path):
     build_checkpoint(ckpt, layout=[{PLE: ("bf16", (ROWS, COLS)), "model.embed_tokens_per_layer.weight": ("bf16", (ROWS, COLS))}])
     dest = str(tmp_path / "two.ple")
     ple_pack.pack(str(ckpt), dest)
-    with pytest.raises(pack.PackMismatch, match="found 2"):
+    with pytest.raises(pack.PackMismatchError, match="found 2"):
         pack.text_table(pack.read_index(dest), dest)
 
 
@@ -157,3 +157,16 @@ def test_the_dist_info_declares_the_entry_point():
         assert f.read().split() == ["[vllm.general_plugins]", "sparkops_ple", "=", "sparkops_vllm_ple:register"]
     with open(os.path.join(base, "pyproject.toml"), encoding="utf-8") as f:
         assert 'sparkops_ple = "sparkops_vllm_ple:register"' in f.read()
+
+
+def test_a_refusal_is_the_line_the_play_quotes():
+    """vllm_status quotes the last exception line of a failed start that is not vLLM's wrapper:
+    the plugin's refusal must look like one (a class named ...Error), or the play would quote
+    "Engine core initialization failed" instead of the table."""
+    from ansible_collections.sparkops.appliance.plugins.modules import vllm_status  # pylint: disable=import-outside-toplevel
+
+    refusal = "%s.%s: /opt/sparkops/ple/ple.pack: stale pack: ... table %s changed" % (
+        pack.PackMismatchError.__module__, pack.PackMismatchError.__name__, PLE)
+    lines = ["(EngineCore pid=82) ERROR 11-29 23:07:01 [core.py:1510] " + refusal,
+             "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above."]
+    assert vllm_status.telling_line(lines) == refusal

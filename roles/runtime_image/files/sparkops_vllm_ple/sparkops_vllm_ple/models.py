@@ -137,14 +137,14 @@ class _PackedPLE:
         text = vllm_config.model_config.hf_config.get_text_config()
         ple_dim = getattr(text, "hidden_size_per_layer_input", 0) or 0
         if not ple_dim:  # a variant without PLE: nothing to serve from a pack
-            raise pack.PackMismatch("%s: %s=%s is set but this %s has no per-layer embeddings "
+            raise pack.PackMismatchError("%s: %s=%s is set but this %s has no per-layer embeddings "
                                     "(hidden_size_per_layer_input is 0): set ple_enabled: false for this model"
                                     % (self._stock_name, ENV_FILE, path, self._stock_name))
         rows = getattr(text, "vocab_size_per_layer_input", text.vocab_size)
         cols = text.num_hidden_layers * ple_dim
         ckpt = vllm_config.model_config.model
         if not os.path.isdir(ckpt):
-            raise pack.PackMismatch("%s: the checkpoint %s is not a local directory, so the pack cannot be checked "
+            raise pack.PackMismatchError("%s: the checkpoint %s is not a local directory, so the pack cannot be checked "
                                     "against it; serve a local checkpoint" % (path, ckpt))
         _index, table = pack.open_checked(path, ckpt, rows, cols, self._stock_name)
         self._check_graphs(vllm_config, prefix)
@@ -188,7 +188,7 @@ class PackedGemma4ForCausalLM(_PackedPLE, gemma4.Gemma4ForCausalLM):
         mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
         if (not prefix and not vllm_config.model_config.enforce_eager and mode is not None
                 and hasattr(mode, "has_full_cudagraphs") and mode.has_full_cudagraphs()):
-            raise pack.PackMismatch(
+            raise pack.PackMismatchError(
                 "Gemma4ForCausalLM with the PLE pack: full CUDA graphs (cudagraph_mode %s) would replay the "
                 "per-layer rows of the capture; add --compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' "
                 "or --enforce-eager, or serve the checkpoint as Gemma4ForConditionalGeneration" % mode)
