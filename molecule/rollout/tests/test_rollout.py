@@ -247,3 +247,55 @@ def test_a_converge_that_would_restart_every_serving_host_stops_and_names_rollou
     assert proc.returncode != 0, out[-4000:]
     assert "would restart the servers serving now on 3 hosts" in out and "playbooks/rollout.yml" in out, out[-4000:]
     assert dict((h, sh(h, "sha256sum %s; stat -c %%Y %s" % (UNIT_FILE, UNIT_FILE)).stdout) for h in HOSTS) == before
+
+
+VERIFY = os.path.join(PROJECT, "playbooks", "verify.yml")
+# The lab's target shape: the tiny model's 1024-token context, small rounds (docs/verify.md).
+VERIFY_LAB = {"verify_prompt_tokens": 64, "verify_max_tokens": 16, "verify_requests": 4, "verify_concurrency": 2,
+              "verify_rounds": 4, "verify_round_requests": 4, "verify_settle_s": 3, "verify_band_gib": 0.5}
+
+
+def run_verify(name, extra):
+    report_dir = os.path.dirname(ephemeral("rollout-evidence", "verify-" + name, "x"))
+    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
+    start = time.monotonic()
+    proc = subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], VERIFY, "--limit", HOSTS[0],
+                           "-e", json.dumps(dict(VERIFY_LAB, verify_report_dir=report_dir, **extra))],
+                          capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
+    with open(os.path.join(report_dir, "ansible.log"), "w") as handle:
+        handle.write(proc.stdout + proc.stderr)
+    print("verify %s: rc %s in %.0f s" % (name, proc.returncode, time.monotonic() - start))
+    return proc, report_dir
+
+
+def test_verify_reports_real_latency_and_memory_figures():
+    proc, report_dir = run_verify("good", {})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    with open(os.path.join(report_dir, HOSTS[0] + ".json")) as handle:
+        report = json.load(handle)
+    load = report["load"]
+    print(json.dumps({"target_length": load["target_length"], "concurrency": {k: load["concurrency"][k] for k in ("ttft", "inter_token", "e2e", "requests", "failed")},
+                      "band": load["band"]}, indent=1))
+    for phase in ("target_length", "concurrency"):
+        assert load[phase]["failed"] == 0 and load[phase]["requests"] > 0
+        for key in ("ttft", "inter_token", "e2e"):
+            assert load[phase][key]["n"] > 0 and 0 < load[phase][key]["p50_ms"] <= load[phase][key]["p99_ms"]
+    assert load["concurrency"]["prefill"]["requests"] > 0 and load["concurrency"]["decode"]["requests"] > 0
+    assert len(load["rounds"]) == VERIFY_LAB["verify_rounds"] and load["band"]["ok"]
+    assert all(r["meminfo_gib"]["MemAvailable"] > 0 and r["meminfo_gib"]["AnonPages"] > 0 for r in load["rounds"])
+    assert report["startup"]["now"]["kv_cache_gib"] > 0 and report["startup"]["kv_plan_gib"] > 0
+    with open(os.path.join(report_dir, HOSTS[0] + "-memory.png"), "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "latency (ms)" in out and "within the band" in out
+
+
+def test_verify_band_check_fails_on_a_leaking_stand_in():
+    proc, report_dir = run_verify("leak", {"verify_leak_standin_mib": 512})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    assert "is not fit for long-running service" in out and "used memory grew" in out, out[-4000:]
+    with open(os.path.join(report_dir, HOSTS[0] + ".json")) as handle:
+        band = json.load(handle)["load"]["band"]
+    print("leak stand-in band: %s" % json.dumps(band))
+    assert not band["ok"] and band["growth_gib"] > VERIFY_LAB["verify_band_gib"]
