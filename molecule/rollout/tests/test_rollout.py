@@ -1,6 +1,6 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """playbooks/rollout.yml on three lab Sparks serving for real, with a prober sending completions
-to every host that the stand-in load balancer (lb_hook.yml) lists as in, and polling /health of
+to every host that the stand-in load balancer (tasks/lb_hook.yml) lists as in, and polling /health of
 all three, throughout (its log is kept under the scenario's ephemeral directory and summarised).
 
 - a good rollout (a new image tag) ends with every host on the new tag, never more than one host
@@ -152,7 +152,7 @@ def rollout(lb_dir, name, extra_vars):
     for host in HOSTS:
         with open(os.path.join(lb_dir, host), "w") as handle:
             handle.write("in\n")
-    extra = dict(extra_vars, rollout_drain_hook=os.path.join(SCENARIO, "lb_hook.yml"), rollout_lab_lb_dir=lb_dir)
+    extra = dict(extra_vars, rollout_drain_hook=os.path.join(SCENARIO, "tasks", "lb_hook.yml"), rollout_lab_lb_dir=lb_dir)
     env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
     log_path = ephemeral("rollout-evidence", name + "-prober.jsonl")
     if os.path.exists(log_path):
