@@ -250,9 +250,11 @@ def test_a_converge_that_would_restart_every_serving_host_stops_and_names_rollou
 
 
 VERIFY = os.path.join(PROJECT, "playbooks", "verify.yml")
-# The lab's target shape: the tiny model's 1024-token context, small rounds (docs/verify.md).
+# The lab's target shape: the tiny model's 1024-token context, small rounds (docs/verify.md). The lab
+# Spark's /proc/meminfo is the whole shared machine's: 0.77 GiB of growth over 4 rounds was measured
+# with no leak while other jobs started, hence a 1.5 GiB band here and a 1 GiB-per-round stand-in leak.
 VERIFY_LAB = {"verify_prompt_tokens": 64, "verify_max_tokens": 16, "verify_requests": 4, "verify_concurrency": 2,
-              "verify_rounds": 4, "verify_round_requests": 4, "verify_settle_s": 3, "verify_band_gib": 0.5}
+              "verify_rounds": 4, "verify_round_requests": 4, "verify_settle_s": 3, "verify_band_gib": 1.5}
 
 
 def run_verify(name, extra):
@@ -291,7 +293,7 @@ def test_verify_reports_real_latency_and_memory_figures():
 
 
 def test_verify_band_check_fails_on_a_leaking_stand_in():
-    proc, report_dir = run_verify("leak", {"verify_leak_standin_mib": 512})
+    proc, report_dir = run_verify("leak", {"verify_leak_standin_mib": 1024})
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
     assert "is not fit for long-running service" in out and "used memory grew" in out, out[-4000:]
