@@ -57,7 +57,7 @@ class Canvas(object):
 
 
 def series(report):
-    rounds = report.get("rounds", [])
+    rounds = report["load"]["rounds"]
     out = {}
     for name in LEGEND:
         if name.startswith("used"):
@@ -78,7 +78,7 @@ def plot(report):
         return x, HEIGHT - MARGIN - (HEIGHT - 2 * MARGIN) * (value / top)
     used = data["used (MemTotal - MemAvailable)"]
     if used:
-        band = report.get("band", {}).get("band_gib", 0.0)
+        band = report["load"].get("band", {}).get("band_gib", 0.0)
         _x, y0 = xy(0, used[0])
         _x, y1 = xy(0, used[0] + band)
         canvas.fill(MARGIN, y0, WIDTH - MARGIN, y1, (225, 225, 225))

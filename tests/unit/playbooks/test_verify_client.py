@@ -51,7 +51,8 @@ def test_band_check_fails_only_when_memory_keeps_growing(used, ok):
 
 
 def test_plot_is_a_valid_png_with_the_legend_colours():
-    report = {"rounds": rounds([20.0, 20.5, 21.0, 21.5]), "band": {"band_gib": 0.5}}
+    # the layout verify.yml writes: the client's output under "load"
+    report = {"host": "h", "load": {"rounds": rounds([20.0, 20.5, 21.0, 21.5]), "band": {"band_gib": 0.5}}}
     data = plotter.plot(report)
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
