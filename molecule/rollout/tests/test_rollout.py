@@ -172,6 +172,15 @@ def rollout(lb_dir, name, extra_vars):
     return proc, prober, summary
 
 
+@pytest.fixture(scope="module", autouse=True)
+def stop_servers_at_the_end():
+    """The vLLM containers are siblings on the lab's Docker engine: stop them so that the scenario's
+    destroy leaves no vLLM behind."""
+    yield
+    for host in HOSTS:
+        sh(host, "systemctl stop sparkops-serve.service; systemctl reset-failed sparkops-serve.service")
+
+
 @pytest.fixture(scope="module")
 def lb_dir():
     path = ephemeral("rollout-evidence", "lb", "x")
