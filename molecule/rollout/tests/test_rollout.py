@@ -10,6 +10,7 @@ all three, throughout (its log is kept under the scenario's ephemeral directory 
 """
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -24,13 +25,24 @@ ROLLOUT = os.path.join(PROJECT, "playbooks", "rollout.yml")
 HOSTS = ["sparkops-molecule-rollout-%d" % n for n in (1, 2, 3)]
 UNIT_FILE = "/etc/systemd/system/sparkops-serve.service"
 STATE_FILE = "/var/lib/sparkops/runtime-image/state.json"
-BASE_EXTRA = ["--enforce-eager", "--distributed-executor-backend", "uni"]   # the base config's lab args
+BASE_EXTRA = ["--enforce-eager", "--distributed-executor-backend", "uni"]   # the lab overrides' serve_extra_args
 
 
 def ephemeral(*parts):
     path = os.path.join(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/tmp/sparkops-molecule-rollout"), *parts)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     return path
+
+
+def inventory():
+    """Molecule's inventory beside the scenario's group_vars (the lab overrides): Ansible reads
+    group_vars next to the inventory or the playbook, and playbooks/*.yml are not next to them."""
+    path = ephemeral("inventory", "hosts.yml")
+    shutil.copyfile(os.environ["MOLECULE_INVENTORY_FILE"], path)
+    link = os.path.join(os.path.dirname(path), "group_vars")
+    if not os.path.lexists(link):
+        os.symlink(os.path.join(SCENARIO, "group_vars"), link)
+    return os.path.dirname(path)
 
 
 def docker(*args):
@@ -160,7 +172,7 @@ def rollout(lb_dir, name, extra_vars):
     start = time.monotonic()
     with Prober(lb_dir, log_path) as prober:
         time.sleep(5)   # requests flow before the rollout begins
-        proc = subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], ROLLOUT,
+        proc = subprocess.run(["ansible-playbook", "-i", inventory(), ROLLOUT,
                                "-e", json.dumps(extra)],
                               capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1800, check=False)
         wall = time.monotonic() - start - 5
@@ -247,7 +259,7 @@ def test_a_converge_that_would_restart_every_serving_host_stops_and_names_rollou
     """site.yml's serve phase (the serve role, serve_refuse_fleet_restart) on a serving fleet."""
     before = dict((h, sh(h, "sha256sum %s; stat -c %%Y %s" % (UNIT_FILE, UNIT_FILE)).stdout) for h in HOSTS)
     env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
-    proc = subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], os.path.join(SCENARIO, "converge.yml"),
+    proc = subprocess.run(["ansible-playbook", "-i", inventory(), os.path.join(SCENARIO, "converge.yml"),
                            "-e", json.dumps({"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "site"}})],
                           capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
     out = proc.stdout + proc.stderr
@@ -270,7 +282,7 @@ def run_verify(name, extra):
     report_dir = os.path.dirname(ephemeral("rollout-evidence", "verify-" + name, "x"))
     env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
     start = time.monotonic()
-    proc = subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], VERIFY, "--limit", HOSTS[0],
+    proc = subprocess.run(["ansible-playbook", "-i", inventory(), VERIFY, "--limit", HOSTS[0],
                            "-e", json.dumps(dict(VERIFY_LAB, verify_report_dir=report_dir, **extra))],
                           capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
     with open(os.path.join(report_dir, "ansible.log"), "w") as handle:
