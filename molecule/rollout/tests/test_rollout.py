@@ -35,14 +35,16 @@ def ephemeral(*parts):
 
 
 def inventory():
-    """Molecule's inventory beside the scenario's group_vars (the lab overrides): Ansible reads
-    group_vars next to the inventory or the playbook, and playbooks/*.yml are not next to them."""
-    path = ephemeral("inventory", "hosts.yml")
-    shutil.copyfile(os.environ["MOLECULE_INVENTORY_FILE"], path)
-    link = os.path.join(os.path.dirname(path), "group_vars")
-    if not os.path.lexists(link):
-        os.symlink(os.path.join(SCENARIO, "group_vars"), link)
-    return os.path.dirname(path)
+    """Molecule's inventory (its hosts and its group_vars/ of the scenario's values) plus the
+    scenario's group_vars/all (the lab overrides): Ansible reads group_vars next to the inventory
+    or the playbook, and playbooks/*.yml are not next to the scenario's."""
+    source = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
+    target = os.path.dirname(ephemeral("lab-inventory", "x"))
+    shutil.rmtree(target)
+    shutil.copytree(source, target, symlinks=True)
+    os.makedirs(os.path.join(target, "group_vars"), exist_ok=True)
+    os.symlink(os.path.join(SCENARIO, "group_vars", "all"), os.path.join(target, "group_vars", "all"))
+    return target
 
 
 def docker(*args):
