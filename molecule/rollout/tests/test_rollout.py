@@ -34,6 +34,17 @@ def ephemeral(*parts):
     return path
 
 
+# The prober's logs, the playbooks' output and verify's reports: kept after the scenario (Molecule
+# prunes its ephemeral directory), under tests/output/ (git-ignored) unless SPARKOPS_EVIDENCE_DIR says.
+EVIDENCE = os.environ.get("SPARKOPS_EVIDENCE_DIR") or os.path.join(PROJECT, "tests", "output", "molecule-rollout")
+
+
+def evidence(*parts):
+    path = os.path.join(EVIDENCE, *parts)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
 def inventory():
     """Molecule's inventory (its hosts and its group_vars/ of the scenario's values) plus the
     scenario's group_vars/all (the lab overrides): Ansible reads group_vars next to the inventory
@@ -168,7 +179,7 @@ def rollout(lb_dir, name, extra_vars):
             handle.write("in\n")
     extra = dict(extra_vars, rollout_drain_hook=os.path.join(SCENARIO, "tasks", "lb_hook.yml"), rollout_lab_lb_dir=lb_dir)
     env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
-    log_path = ephemeral("rollout-evidence", name + "-prober.jsonl")
+    log_path = evidence(name + "-prober.jsonl")
     if os.path.exists(log_path):
         os.remove(log_path)
     start = time.monotonic()
@@ -179,7 +190,7 @@ def rollout(lb_dir, name, extra_vars):
                               capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1800, check=False)
         wall = time.monotonic() - start - 5
         time.sleep(5)
-    with open(ephemeral("rollout-evidence", name + "-ansible.log"), "w") as handle:
+    with open(evidence(name + "-ansible.log"), "w") as handle:
         handle.write(proc.stdout + proc.stderr)
     summary = dict(prober.summary(), wall_s=round(wall, 1), rc=proc.returncode)
     print("%s rollout: %s" % (name, json.dumps(summary)))
@@ -197,7 +208,7 @@ def stop_servers_at_the_end():
 
 @pytest.fixture(scope="module")
 def lb_dir():
-    path = ephemeral("rollout-evidence", "lb", "x")
+    path = evidence("lb", "x")
     return os.path.dirname(path)
 
 
@@ -265,7 +276,7 @@ def test_a_converge_that_would_restart_every_serving_host_stops_and_names_rollou
                            "-e", json.dumps({"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "site"}})],
                           capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
     out = proc.stdout + proc.stderr
-    with open(ephemeral("rollout-evidence", "site-refusal-ansible.log"), "w") as handle:
+    with open(evidence("site-refusal-ansible.log"), "w") as handle:
         handle.write(out)
     assert proc.returncode != 0, out[-4000:]
     assert "would restart the servers serving now on 3 hosts" in out and "playbooks/rollout.yml" in out, out[-4000:]
@@ -281,7 +292,7 @@ VERIFY_LAB = {"verify_prompt_tokens": 64, "verify_max_tokens": 16, "verify_reque
 
 
 def run_verify(name, extra):
-    report_dir = os.path.dirname(ephemeral("rollout-evidence", "verify-" + name, "x"))
+    report_dir = os.path.dirname(evidence("verify-" + name, "x"))
     env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
     start = time.monotonic()
     proc = subprocess.run(["ansible-playbook", "-i", inventory(), VERIFY, "--limit", HOSTS[0],
