@@ -105,7 +105,7 @@ def main():
                                offset=entry["offset"]).reshape(args.vocab, args.cols)
         memory = np.array(table)  # the in-memory table (a private copy, anonymous memory)
         rng = np.random.default_rng(11)
-        batches = [rng.integers(0, args.vocab, size=args.batch) for _ in range(args.batches)]
+        batches = [rng.integers(0, args.vocab, size=args.batch) for _batch in range(args.batches)]
         assert all((mapped[b[:4]] == memory[b[:4]]).all() for b in batches[:8]), "mapped rows differ"
 
         mem_ns = time_batches(lambda ids: memory.take(ids, axis=0), batches)

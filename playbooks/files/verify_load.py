@@ -184,7 +184,7 @@ async def run_phase(cfg, jobs, concurrency):
             result["kind"] = kind
             results.append(result)
     start = time.monotonic()
-    await asyncio.gather(*[worker() for _ in range(max(1, concurrency))])
+    await asyncio.gather(*[worker() for _worker in range(max(1, concurrency))])
     return results, time.monotonic() - start
 
 

@@ -138,14 +138,14 @@ class _PackedPLE:
         ple_dim = getattr(text, "hidden_size_per_layer_input", 0) or 0
         if not ple_dim:  # a variant without PLE: nothing to serve from a pack
             raise pack.PackMismatchError("%s: %s=%s is set but this %s has no per-layer embeddings "
-                                    "(hidden_size_per_layer_input is 0): set ple_enabled: false for this model"
-                                    % (self._stock_name, ENV_FILE, path, self._stock_name))
+                                         "(hidden_size_per_layer_input is 0): set ple_enabled: false for this model"
+                                         % (self._stock_name, ENV_FILE, path, self._stock_name))
         rows = getattr(text, "vocab_size_per_layer_input", text.vocab_size)
         cols = text.num_hidden_layers * ple_dim
         ckpt = vllm_config.model_config.model
         if not os.path.isdir(ckpt):
             raise pack.PackMismatchError("%s: the checkpoint %s is not a local directory, so the pack cannot be checked "
-                                    "against it; serve a local checkpoint" % (path, ckpt))
+                                         "against it; serve a local checkpoint" % (path, ckpt))
         _index, table = pack.open_checked(path, ckpt, rows, cols, self._stock_name)
         self._check_graphs(vllm_config, prefix)
         built = []

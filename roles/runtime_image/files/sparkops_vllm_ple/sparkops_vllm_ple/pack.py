@@ -55,18 +55,18 @@ def read_index(path):
     if index.get("hash_scheme") != HASH_SCHEME:
         # docs/ple-format.md: a reader refuses an older (whole-table sha256) or unknown scheme.
         raise PackMismatchError("%s: hash scheme %r: packed with the old whole-table sha256 (or an unknown scheme), "
-                           "this runtime reads %s packs; %s" % (path, index.get("hash_scheme"), HASH_SCHEME, FIX))
+                                "this runtime reads %s packs; %s" % (path, index.get("hash_scheme"), HASH_SCHEME, FIX))
     if index.get("file_bytes") != size:
         raise PackMismatchError("%s: %d bytes but its index says %r (a truncated or partial copy); %s"
-                           % (path, size, index.get("file_bytes"), FIX))
+                                % (path, size, index.get("file_bytes"), FIX))
     for t in index.get("tables", []):
         nbytes = _element_count(t["shape"]) * DTYPE_SIZES.get(t["dtype"], 0)
         if DTYPE_SIZES.get(t["dtype"]) and nbytes != t["nbytes"]:
             raise PackMismatchError("%s: table %s: %d bytes but shape %r x %s needs %d; %s"
-                               % (path, t["name"], t["nbytes"], t["shape"], t["dtype"], nbytes, FIX))
+                                    % (path, t["name"], t["nbytes"], t["shape"], t["dtype"], nbytes, FIX))
         if t["offset"] % index["alignment"] or t["offset"] + t["nbytes"] > size:
             raise PackMismatchError("%s: table %s at offset %d (+%d bytes) is misaligned or past the end; %s"
-                               % (path, t["name"], t["offset"], t["nbytes"], FIX))
+                                    % (path, t["name"], t["offset"], t["nbytes"], FIX))
     return index
 
 
@@ -83,7 +83,7 @@ def text_table(index, path):
     if len(found) != 1:
         names = [t["name"] for t in index.get("tables", [])]
         raise PackMismatchError("%s: expected exactly one language-model table named *embed_tokens_per_layer.weight, found %d "
-                           "(tables: %s); %s" % (path, len(found), ", ".join(names) or "none", FIX))
+                                "(tables: %s); %s" % (path, len(found), ", ".join(names) or "none", FIX))
     return found[0]
 
 
@@ -91,11 +91,11 @@ def check_table(table, path, rows, cols, model):
     """The table's dtype and shape against what the model config needs."""
     if table["dtype"] not in DTYPE_SIZES:
         raise PackMismatchError("%s: table %s has dtype %s; the PLE lookup serves %s tables only; %s"
-                           % (path, table["name"], table["dtype"], "/".join(sorted(DTYPE_SIZES)), FIX))
+                                % (path, table["name"], table["dtype"], "/".join(sorted(DTYPE_SIZES)), FIX))
     if list(table["shape"]) != [rows, cols]:
         raise PackMismatchError("%s: table %s has shape %s but %s needs [%d, %d] (vocab_size_per_layer_input x "
-                           "num_hidden_layers * hidden_size_per_layer_input): the pack is of another model; %s"
-                           % (path, table["name"], list(table["shape"]), model, rows, cols, FIX))
+                                "num_hidden_layers * hidden_size_per_layer_input): the pack is of another model; %s"
+                                % (path, table["name"], list(table["shape"]), model, rows, cols, FIX))
 
 
 def read_shard_header(path):
@@ -128,17 +128,17 @@ def fingerprint(index, checkpoint_dir, path):
                 shards[shard] = read_shard_header(shard)
             except (OSError, ValueError) as exc:
                 raise PackMismatchError("%s: table %s comes from %s, which cannot be read in the checkpoint %s (%s); %s"
-                                   % (path, t["name"], t["source_shard"], checkpoint_dir, exc, FIX)) from exc
+                                        % (path, t["name"], t["source_shard"], checkpoint_dir, exc, FIX)) from exc
         size, mtime_ns, data_start, header = shards[shard]
         entry = header.get(t["name"])
         if entry is None:
             raise PackMismatchError("%s: table %s is not in the checkpoint's shard %s: the pack is of another checkpoint; %s"
-                               % (path, t["name"], t["source_shard"], FIX))
+                                    % (path, t["name"], t["source_shard"], FIX))
         begin, end = entry["data_offsets"]
         if entry["dtype"] != t["dtype"] or list(entry["shape"]) != list(t["shape"]) or end - begin != t["nbytes"]:
             raise PackMismatchError("%s: table %s is %s %s in the pack but %s %s in the checkpoint's %s; %s"
-                               % (path, t["name"], t["dtype"], list(t["shape"]), entry["dtype"], list(entry["shape"]),
-                                  t["source_shard"], FIX))
+                                    % (path, t["name"], t["dtype"], list(t["shape"]), entry["dtype"], list(entry["shape"]),
+                                       t["source_shard"], FIX))
         rows.append([t["name"], t["dtype"], list(t["shape"]), t["source_shard"], size, mtime_ns,
                      data_start + begin, data_start + end])
     doc = {"format_version": FORMAT_VERSION, "alignment": index["alignment"], "tables": rows}
@@ -151,8 +151,8 @@ def check_fingerprint(index, checkpoint_dir, path):
     if now != index.get("fingerprint"):
         names = ", ".join(t["name"] for t in index["tables"])
         raise PackMismatchError("%s: stale pack: its fingerprint %s... does not match the checkpoint %s (%s...); a shard holding "
-                           "table %s changed (size or mtime) since it was packed; %s"
-                           % (path, str(index.get("fingerprint"))[:12], checkpoint_dir, now[:12], names, FIX))
+                                "table %s changed (size or mtime) since it was packed; %s"
+                                % (path, str(index.get("fingerprint"))[:12], checkpoint_dir, now[:12], names, FIX))
 
 
 def open_checked(path, checkpoint_dir, rows, cols, model):
