@@ -33,31 +33,29 @@ SEED = 20240607
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def gemma4_config(vocab: int, bos: int, eos: int):
-    from transformers import Gemma4TextConfig
-
-    return Gemma4TextConfig(
+def _shared(vocab: int, bos: int, eos: int, arch: str):
+    """The settings both tiny models share (sizes, attention layout, special tokens)."""
+    return dict(
         vocab_size=vocab, vocab_size_per_layer_input=vocab, hidden_size=HIDDEN,
         intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, hidden_size_per_layer_input=PLE_DIM,
         max_position_embeddings=MAX_POSITIONS, sliding_window=128,
-        layer_types=["sliding_attention"] * (LAYERS - 1) + ["full_attention"],
-        per_layer_config={}, num_kv_shared_layers=0, tie_word_embeddings=True,
-        pad_token_id=0, bos_token_id=bos, eos_token_id=eos, architectures=["Gemma4ForCausalLM"])
+        layer_types=["sliding_attention"] * (LAYERS - 1) + ["full_attention"], num_kv_shared_layers=0,
+        pad_token_id=0, bos_token_id=bos, eos_token_id=eos, architectures=[arch])
+
+
+def gemma4_config(vocab: int, bos: int, eos: int):
+    from transformers import Gemma4TextConfig
+
+    return Gemma4TextConfig(per_layer_config={}, tie_word_embeddings=True,
+                            **_shared(vocab, bos, eos, "Gemma4ForCausalLM"))
 
 
 def gemma3n_config(vocab: int, bos: int, eos: int):
     from transformers import Gemma3nTextConfig
 
-    return Gemma3nTextConfig(
-        vocab_size=vocab, vocab_size_per_layer_input=vocab, hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, hidden_size_per_layer_input=PLE_DIM,
-        max_position_embeddings=MAX_POSITIONS, sliding_window=128,
-        layer_types=["sliding_attention"] * (LAYERS - 1) + ["full_attention"],
-        num_kv_shared_layers=0, activation_sparsity_pattern=[0.0] * LAYERS,
-        laurel_rank=8, altup_num_inputs=2,
-        pad_token_id=0, bos_token_id=bos, eos_token_id=eos, architectures=["Gemma3nForCausalLM"])
+    return Gemma3nTextConfig(activation_sparsity_pattern=[0.0] * LAYERS, laurel_rank=8, altup_num_inputs=2,
+                             **_shared(vocab, bos, eos, "Gemma3nForCausalLM"))
 
 
 def make(out_dir: str, tokenizer_dir: str, kind: str) -> None:
