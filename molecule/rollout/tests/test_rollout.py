@@ -3,8 +3,8 @@
 to every host that the stand-in load balancer (tasks/lb_hook.yml) lists as in, and polling /health of
 all three, throughout (its log is kept under the scenario's ephemeral directory and summarised).
 
-- a good rollout (a new image tag) ends with every host on the new tag, never more than one host
-  (the batch) out of service at once, and no failed request to a host outside the current batch;
+- a good rollout (a new image tag, batches [1, 2]) ends with every host on the new tag, never more
+  hosts out of service at once than the current batch, and no failed request to a host outside it;
 - a bad rollout (a new tag plus a tokenizer path the parser accepts but vLLM cannot load) halts
   after the canary; the canary serves its previous tag again, healthy; the other hosts untouched.
 """
@@ -217,14 +217,16 @@ def tags():
     return {"before": dict((h, unit_image(h)) for h in HOSTS)}
 
 
-def test_a_good_rollout_moves_every_host_to_the_new_tag_one_at_a_time(lb_dir, tags):
+def test_a_good_rollout_moves_every_host_to_the_new_tag_batch_by_batch(lb_dir, tags):
+    """rollout_serial [1, 2]: the canary alone, then the other two together (a batch of more than one
+    host; the default [1, '25%'] cuts 3 hosts into 1+1+1, which the filter's unit tests cover)."""
     assert len(set(tags["before"].values())) == 1, tags
-    proc, prober, summary = rollout(lb_dir, "good", {"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "good"}})
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    proc, prober, summary = rollout(lb_dir, "good", {"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "good"},
+                                                     "rollout_serial": [1, 2]})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
     after = dict((h, unit_image(h)) for h in HOSTS)
     assert len(set(after.values())) == 1 and set(after.values()) != set(tags["before"].values()), after
-    # never more than the batch (one host) out of service at once
-    assert summary["max_down_at_once"] <= 1, summary
     # no failed request to a host outside the current batch (hosts the balancer listed as in)
     for record in prober.records:
         if record["kind"] == "completion" and not record["ok"]:
@@ -233,11 +235,16 @@ def test_a_good_rollout_moves_every_host_to_the_new_tag_one_at_a_time(lb_dir, ta
     spans = out_intervals(lb_dir)
     assert sorted(spans) == sorted(HOSTS), spans
     for host in HOSTS:
-        assert all(end is not None for _s, end in spans[host]), spans
-        print("%s out of the balancer for %.1f s" % (host, sum(e - s for s, e in spans[host])))
-    # one batch at a time: the out-of-service spans never overlap
-    ordered = sorted((s, e) for host in HOSTS for s, e in spans[host])
-    assert all(ordered[i][1] <= ordered[i + 1][0] for i in range(len(ordered) - 1)), ordered
+        assert len(spans[host]) == 1 and spans[host][0][1] is not None, spans
+        print("%s out of the balancer for %.1f s" % (host, spans[host][0][1] - spans[host][0][0]))
+    # batch by batch: the canary (the first host out) is back in before the second batch goes out
+    order = sorted(HOSTS, key=lambda h: spans[h][0][0])
+    canary, second = order[0], order[1:]
+    assert all(spans[canary][0][1] <= spans[h][0][0] for h in second), spans
+    # never more hosts out of service at once than the largest batch (/health polled every 0.5 s;
+    # a host outside the batch may miss one 2 s /health deadline on this busy machine, so the
+    # per-host proof is the completions above, which a host outside the batch never failed)
+    assert summary["max_down_at_once"] <= 2, summary
 
 
 def test_a_bad_rollout_halts_after_the_canary_and_puts_it_back(lb_dir):
