@@ -42,12 +42,21 @@ def test_percentiles_nearest_rank_in_ms():
     ([20.0, 20.5, 21.0, 20.9, 21.5], False),          # 3 of 4 steps rising, 1.5 GiB
     ([20.0, 21.5], False),
     ([20.0], True),
+    ([20.0, 22.0, 22.0, 22.0, 22.0], True),           # one step (a warm-up allocation), then flat
+    ([20.0, 20.6, 20.5, 21.1, 21.0, 21.6], False),    # a leak with noisy steps down in between
 ])
 def test_band_check_fails_only_when_memory_keeps_growing(used, ok):
     result = client.band_check(rounds(used), 0.5)
     assert result["ok"] is ok, result
     if not ok:
         assert "grew" in result["reason"] and "band 0.500 GiB" in result["reason"]
+
+
+def test_band_check_fails_on_the_lab_leak_with_a_noisy_step():
+    """Measured in the rollout scenario (1 GiB per round stand-in, a busy shared machine): the old
+    rule (three quarters of the steps rising) passed it, as one step went down by 0.08 GiB."""
+    result = client.band_check(rounds([8.613, 10.550, 10.466, 11.327]), 1.5)
+    assert result["ok"] is False and result["trend_gib"] > 1.5, result
 
 
 def test_plot_is_a_valid_png_with_the_legend_colours():
