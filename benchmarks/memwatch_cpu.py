@@ -11,7 +11,7 @@ Measured (CPU time = user + system, own process and children):
   * service       the real `memwatch run` process for N samples (interpreter start-up included
                   and reported separately).
 Reported: µs of CPU per sample, seconds of CPU per hour at 1 Hz, % of one core at 1 Hz, and the
-ratio to the baseline. Target (issue 6): <= 1 % of a core.
+ratio to the baseline. Target: <= 1 % of a core for a watchdog sampling about once a second (SPEC §7).
 
 Usage: python3 benchmarks/memwatch_cpu.py [--samples N]
 """

@@ -6,16 +6,18 @@ ordinary tensors), then, in the same run and on the same disk:
   * cp      `cp --reflink=never` of every shard into a scratch directory, plus fsync of the
             copies (the pack fsyncs its file before the rename, so cp gets the same durability);
   * pack    the module's pack() in a child process (the bytes of the PLE tables, with the
-            sha256 of every table computed for the index), peak RSS read from wait4's rusage;
+            chunked sha256 digest of every table computed for the index, its chunks on all
+            cores), peak RSS read from wait4's rusage;
   * sha256  one thread hashing the PLE bytes, the bound of a pack on few cores.
 
 Throughput is bytes moved per second: the pack moves the PLE bytes, cp moves the shard bytes.
 Before each timed run the page cache of the benchmark's own files is dropped
 (posix_fadvise DONTNEED after fsync), so both read from the disk; --warm keeps them cached.
 
-Targets (issue 4): pack >= 0.8 x cp; peak RSS of the pack < 256 MiB whatever the size.
+Targets (the PLE pack of SPEC §5): pack >= 0.8 x cp; peak RSS of the pack < 256 MiB whatever the size.
 
 Usage: python benchmarks/ple_pack_bench.py --size-gib 4 [--shards 4] [--dir /var/tmp]
+       (--dir /dev/shm: tmpfs, where no disk bounds either side)
 """
 
 import argparse
@@ -216,7 +218,8 @@ def main():
         total, ple_bytes = generate(src, size, args.shards, args.ple_fraction, args.ple_tables)
         print("generated %d shards, %.2f GiB (PLE %.2f GiB in %d tables) in %.1f s"
               % (args.shards, total / GIB, ple_bytes / GIB, args.ple_tables, time.perf_counter() - t0))
-        print("cpus: %d, page cache: %s" % (os.cpu_count(), "warm" if args.warm else "dropped before each run"))
+        print("cpus: %d, page cache: %s, load average at start: %.2f %.2f %.2f"
+              % ((os.cpu_count(), "warm" if args.warm else "dropped before each run") + os.getloadavg()))
         cp_rates, pack_rates, rss, methods = [], [], [], set()
         for i in range(args.repeat):
             if not args.warm:
@@ -245,6 +248,7 @@ def main():
         print("sha256 one thread %.3f GiB/s (reading the shards)" % (hs / GIB))
         print("ratio pack/cp = %.2f  target >= 0.80: %s" % (ratio, "PASS" if ratio >= 0.8 else "FAIL"))
         print("peak RSS of the pack = %.1f MiB  target < 256 MiB: %s" % (peak, "PASS" if peak < 256 else "FAIL"))
+        print("load average at the end: %.2f %.2f %.2f (the machine's other work competes for the cores)" % os.getloadavg())
     finally:
         if args.keep:
             print("kept %s" % work)

@@ -10,6 +10,8 @@ DOCUMENTATION = r"""
 name: deb_installed
 short_description: The installed packages from dpkg-query output, shaped as package_facts shapes them
 version_added: 0.1.0
+author:
+  - sparkops contributors (@sparkops)
 description:
   - "Input: the output of C(dpkg-query -W -f '${Package}\\t${db:Status-Abbrev}\\t${Version}\\n' NAMES...)."
   - "Output: C({name: [{name, version}]}) for the installed packages only (a removed package whose

@@ -10,6 +10,8 @@ DOCUMENTATION = r"""
 name: deb_pins
 short_description: Decide, per pinned Debian package, whether to install, upgrade, keep or downgrade it
 version_added: 0.1.0
+author:
+  - sparkops contributors (@sparkops)
 description:
   - "Input: a list of pins, each C({name: ..., version: ...}) or a package name (pinned to
     O(version)); an empty version means any version will do (the package only has to be installed)."

@@ -48,27 +48,15 @@ _raw:
   elements: str
 """
 
-from ansible.errors import AnsibleError
-from ansible.plugins.lookup import LookupBase
 from ansible_collections.sparkops.appliance.plugins.plugin_utils._role_inputs import (
+    RoleInputsLookup,
     input_problems,
-    load_role_options,
 )
 
 
-class LookupModule(LookupBase):
+class LookupModule(RoleInputsLookup):
     """sparkops.appliance.input_problems"""
 
     def run(self, terms, variables=None, **kwargs):
-        self.set_options(var_options=variables, direct=kwargs)
-        variables = variables or {}
-        options = load_role_options(roles=list(terms or []))
-        values = {}
-        for name in options:
-            if name not in variables:
-                continue
-            try:
-                values[name] = self._templar.template(variables[name])
-            except AnsibleError:
-                continue  # refers to something not known yet: the role's own checks see it later
-        return input_problems(values, options)
+        options = self.role_options(terms, variables, **kwargs)
+        return input_problems(self.defined_values(options, variables), options)

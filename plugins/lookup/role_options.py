@@ -42,16 +42,14 @@ _raw:
   elements: str
 """
 
-from ansible.plugins.lookup import LookupBase
 from ansible_collections.sparkops.appliance.plugins.plugin_utils._role_inputs import (
-    load_role_options,
+    RoleInputsLookup,
     names_by_type,
 )
 
 
-class LookupModule(LookupBase):
+class LookupModule(RoleInputsLookup):
     """sparkops.appliance.role_options"""
 
     def run(self, terms, variables=None, **kwargs):
-        self.set_options(var_options=variables, direct=kwargs)
-        return names_by_type(load_role_options(roles=list(terms or [])), self.get_option('type'))
+        return names_by_type(self.role_options(terms, variables, **kwargs), self.get_option('type'))

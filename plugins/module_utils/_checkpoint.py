@@ -19,7 +19,6 @@ import json
 import os
 import re
 import socket
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -126,6 +125,64 @@ def build_manifest(root, workers=0, revision=None, on_bytes=None):
     return {"version": MANIFEST_VERSION, "revision": revision, "files": files}
 
 
+def validate_expected(expected, origin="expected"):
+    """Check a list of {path, size, sha256 or None} (what a source such as the Hugging Face Hub says
+    a checkpoint holds) and return it normalised, sorted by path."""
+    if not isinstance(expected, list) or not expected:
+        raise CheckpointError("%s: expected a non-empty list of {path, size, sha256}" % origin)
+    seen = set()
+    out = [_file_entry(e if isinstance(e, dict) else {}, origin, "%s[%d]: path" % (origin, i), seen, sha_optional=True)
+           for i, e in enumerate(expected)]
+    return sorted(out, key=lambda x: x["path"])
+
+
+def _file_entry(entry, origin, path_label, seen, sha_optional=False):
+    """One {path, size, sha256} entry of a manifest or an expected list, checked and normalised
+    (sha256 lower-case; None only where sha_optional). path_label names the entry's path in the
+    message when it is not a string; seen collects the paths, so a path listed twice is refused."""
+    rel, size, sha = entry.get("path"), entry.get("size"), entry.get("sha256")
+    if not isinstance(rel, str):
+        raise CheckpointError("%s must be a string" % path_label)
+    safe_join("/", rel)
+    if rel in seen:
+        raise CheckpointError("%s: %s is listed twice" % (origin, rel))
+    seen.add(rel)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise CheckpointError("%s: %s: size must be a non-negative integer, got %r" % (origin, rel, size))
+    if sha_optional and sha is None:
+        return {"path": rel, "size": size, "sha256": None}
+    if not isinstance(sha, str) or not _SHA_RE.match(sha.lower()):
+        raise CheckpointError("%s: %s: sha256 must be 64 hex digits%s, got %r" % (origin, rel, " or null" if sha_optional else "", sha))
+    return {"path": rel, "size": size, "sha256": sha.lower()}
+
+
+def build_checked_manifest(root, expected, workers=0, revision=None, on_bytes=None):
+    """Build a manifest from exactly the files `expected` lists, each checked first against the
+    source's word: present, of the listed size, and of the listed sha256 where one is given.
+    Returns (manifest, []) or (None, problems) -- nothing unchecked is ever accepted."""
+    problems, hashed = check_entries(root, expected, workers, on_bytes)
+    if problems:
+        return None, problems
+    files = [{"path": e["path"], "size": e["size"], "sha256": hashed[e["path"]][1]} for e in expected]
+    return {"version": MANIFEST_VERSION, "revision": revision, "files": files}, []
+
+
+def compare_with_expected(manifest, expected):
+    """Problems where a manifest disagrees with the source's list (no hashing: the manifest's own
+    sizes and sha256 against the listed ones)."""
+    have = dict((e["path"], e) for e in manifest["files"])
+    problems = []
+    for e in expected:
+        m = have.get(e["path"])
+        if m is None:
+            problems.append((e["path"], "missing", e["size"], None))
+        elif m["size"] != e["size"]:
+            problems.append((e["path"], "size", e["size"], m["size"]))
+        elif e["sha256"] and m["sha256"] != e["sha256"]:
+            problems.append((e["path"], "sha256", e["sha256"], m["sha256"]))
+    return problems
+
+
 def validate_manifest(data, origin="manifest"):
     """Check a parsed manifest and return it normalised; raise CheckpointError naming the problem."""
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
@@ -137,18 +194,7 @@ def validate_manifest(data, origin="manifest"):
     for i, entry in enumerate(data["files"]):
         if not isinstance(entry, dict):
             raise CheckpointError("%s: files[%d] is not an object" % (origin, i))
-        rel, size, sha = entry.get("path"), entry.get("size"), entry.get("sha256")
-        if not isinstance(rel, str):
-            raise CheckpointError("%s: files[%d].path must be a string" % (origin, i))
-        safe_join("/", rel)
-        if rel in seen:
-            raise CheckpointError("%s: %s is listed twice" % (origin, rel))
-        seen.add(rel)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise CheckpointError("%s: %s: size must be a non-negative integer, got %r" % (origin, rel, size))
-        if not isinstance(sha, str) or not _SHA_RE.match(sha.lower()):
-            raise CheckpointError("%s: %s: sha256 must be 64 hex digits, got %r" % (origin, rel, sha))
-        files.append({"path": rel, "size": size, "sha256": sha.lower()})
+        files.append(_file_entry(entry, origin, "%s: files[%d].path" % (origin, i), seen))
     if not files:
         raise CheckpointError("%s: the 'files' list is empty" % origin)
     revision = data.get("revision")
@@ -179,9 +225,16 @@ def total_bytes(manifest):
 def verify_tree(root, manifest, workers=0, on_bytes=None):
     """Compare root to the manifest. Sizes are checked first (cheap), then only files of the right
     size are hashed, in parallel. Returns a list of problems: (path, what, expected, actual)."""
-    problems = []
-    to_hash = []
-    for e in manifest["files"]:
+    return check_entries(root, manifest["files"], workers, on_bytes)[0]
+
+
+def check_entries(root, entries, workers=0, on_bytes=None):
+    """Check files under root against entries ({path, size, sha256 or None}): sizes first (cheap),
+    then only files of the right size are hashed, in parallel; an entry without a sha256 is
+    checked by size only. Returns (problems, hashed): problems as (path, what, expected, actual),
+    hashed as hash_files returns it."""
+    problems, to_hash = [], []
+    for e in entries:
         p = safe_join(root, e["path"])
         if not os.path.isfile(p):
             problems.append((e["path"], "missing", e["size"], None))
@@ -192,10 +245,10 @@ def verify_tree(root, manifest, workers=0, on_bytes=None):
         else:
             to_hash.append(e["path"])
     hashed = hash_files(root, to_hash, workers, on_bytes)
-    for e in manifest["files"]:
-        if e["path"] in hashed and hashed[e["path"]][1] != e["sha256"]:
+    for e in entries:
+        if e["sha256"] and e["path"] in hashed and hashed[e["path"]][1] != e["sha256"]:
             problems.append((e["path"], "sha256", e["sha256"], hashed[e["path"]][1]))
-    return problems
+    return problems, hashed
 
 
 def describe_problems(root, problems, limit=10):
@@ -237,21 +290,14 @@ def read_text(path):
         return None
 
 
-def atomic_write(path, text, mode=0o644):
-    """Write a small file through a temp file in the same directory and a rename."""
-    d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _replace_progress(path, text):
+    """Rewrite the progress file through a temp file and a rename. Not module.atomic_move: this runs
+    about once a second inside a transfer, on a status file in /run that is no managed
+    configuration (no owner, mode or SELinux context to keep), and it must never fail the transfer."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 class Progress(object):
@@ -290,7 +336,7 @@ class Progress(object):
         data = {"done": self.done, "total": self.total, "file": self.file, "state": self.state,
                 "text": self.text()}
         try:
-            atomic_write(self.path, json.dumps(data) + "\n")
+            _replace_progress(self.path, json.dumps(data) + "\n")
         except (IOError, OSError):
             pass  # progress is best effort; never fail a transfer because of it
 

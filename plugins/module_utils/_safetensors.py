@@ -225,8 +225,8 @@ def read_shards(paths):
     return headers, by_name
 
 
-def hash_range(path, begin, end, buffer_bytes=HASH_BUFFER_BYTES, stop=None):
-    """sha256 hex digest of bytes [begin, end) of path, read through one reused buffer.
+def hash_range(path, begin, end, buffer_bytes=HASH_BUFFER_BYTES, stop=None, raw=False):
+    """sha256 hex digest (raw: the 32 bytes) of bytes [begin, end) of path, read through one reused buffer.
 
     stop: an optional threading.Event; when set, the hash is abandoned (returns None).
     """
@@ -252,7 +252,7 @@ def hash_range(path, begin, end, buffer_bytes=HASH_BUFFER_BYTES, stop=None):
             pos += got
     finally:
         os.close(fd)
-    return digest.hexdigest()
+    return digest.digest() if raw else digest.hexdigest()
 
 
 class RangeCopier:

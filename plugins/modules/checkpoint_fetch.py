@@ -155,9 +155,10 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.appliance.plugins.module_utils._checkpoint import (
-    GIB, MANIFEST_NAME, PART_SUFFIX, CheckpointError, FileSource, HttpSource, Progress, atomic_write,
+    GIB, MANIFEST_NAME, PART_SUFFIX, CheckpointError, FileSource, HttpSource, Progress,
     build_manifest, dump_manifest, fetch_file, fmt_bytes, free_space_check, parse_manifest, read_text,
     safe_join, total_bytes)
+from ansible_collections.sparkops.appliance.plugins.module_utils._files import write_text
 
 
 def _listing(entries):
@@ -276,7 +277,7 @@ def run(module):
         progress.finish("failed")
         raise
     if manifest_text != old_manifest_text:
-        atomic_write(dest_manifest, manifest_text)
+        write_text(module, dest_manifest, manifest_text)
     progress.file = None
     progress.finish("done")
     return result

@@ -21,6 +21,11 @@ description:
     is set.
   - With I(create), a directory that has no manifest yet (for example a fresh Hugging Face
     snapshot) gets one built from its files.
+  - With I(expected) (what the source says the checkpoint holds, for example the Hugging Face
+    Hub's own sha256 of each LFS file and the size of every file), a manifest is built only from
+    the listed files and only when every one matches; otherwise the module fails naming each file
+    with the expected and actual values, and writes nothing. An existing manifest is compared
+    with I(expected) too.
 options:
   path:
     description: The checkpoint directory.
@@ -41,6 +46,14 @@ options:
       - The revision the checkpoint must be at. Written into a manifest this module creates; when
         set, a manifest naming another revision fails the verification.
     type: str
+  expected:
+    description:
+      - The files the source lists, each C(path) (relative POSIX), C(size) (bytes) and C(sha256)
+        (64 hex digits, or null where the source gives only the size). Files of the directory
+        that are not listed are not accepted into a manifest built here (they are reported as
+        I(extra_files)).
+    type: list
+    elements: dict
   reverify:
     description: Hash every file even when the fingerprint says the directory is unchanged.
     type: bool
@@ -80,6 +93,14 @@ EXAMPLES = r"""
     path: /srv/sparkops/models/my-model
     create: true
     revision: 0123456789abcdef0123456789abcdef01234567
+
+- name: Accept a fresh snapshot only if it matches the source's own sizes and sha256
+  sparkops.appliance.checkpoint_verify:
+    path: /srv/sparkops/models/my-model
+    create: true
+    expected:
+      - {path: config.json, size: 1234, sha256: null}
+      - {path: model.safetensors, size: 4000000000, sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}
 
 - name: Force a full re-hash
   sparkops.appliance.checkpoint_verify:
@@ -137,9 +158,10 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.appliance.plugins.module_utils._checkpoint import (
-    CheckpointError, FINGERPRINT_NAME, MANIFEST_NAME, atomic_write, auto_workers, build_manifest,
-    describe_problems, dump_fingerprint, dump_manifest, fingerprint, list_files, parse_manifest,
-    read_text, total_bytes, verify_tree)
+    CheckpointError, FINGERPRINT_NAME, MANIFEST_NAME, auto_workers, build_checked_manifest, build_manifest,
+    compare_with_expected, describe_problems, dump_fingerprint, dump_manifest, fingerprint, list_files, parse_manifest,
+    read_text, total_bytes, validate_expected, verify_tree)
+from ansible_collections.sparkops.appliance.plugins.module_utils._files import write_text
 
 
 def run(module):
@@ -163,12 +185,22 @@ def run(module):
     def count(n):
         hashed_bytes[0] += n
 
+    expected = validate_expected(p["expected"]) if p["expected"] is not None else None
     if manifest_text is None:
         if p["quick"]:
             return result
         if not p["create"]:
             raise CheckpointError("no manifest at %s (set create to build one from the files)" % manifest_path)
-        manifest = build_manifest(root, p["workers"], p["revision"], on_bytes=count)
+        if expected is None:
+            manifest = build_manifest(root, p["workers"], p["revision"], on_bytes=count)
+        else:
+            manifest, problems = build_checked_manifest(root, expected, p["workers"], p["revision"], on_bytes=count)
+            if problems:
+                result["problems"] = [dict(path=r, what=w, expected=e, actual=a) for r, w, e, a in problems]
+                module.fail_json(msg="checkpoint %s does not match what its source lists (sizes, and the sha256 "
+                                     "of every file the source hashes): %s. Nothing was accepted into the manifest. "
+                                     "Remove the bad file(s) and run again to fetch them anew." % (
+                                         root, describe_problems(root, problems)), **result)
         manifest_text = dump_manifest(manifest)
         result["manifest_created"] = True
         result["hashed"] = True
@@ -181,6 +213,12 @@ def run(module):
             raise CheckpointError("%s is for revision %s, not the requested %s" % (
                 manifest_path, manifest["revision"], p["revision"]))
         problems = None
+        if expected is not None and not p["quick"]:
+            mismatch = compare_with_expected(manifest, expected)
+            if mismatch:
+                raise CheckpointError("%s disagrees with what the checkpoint's source lists: %s. Remove the "
+                                      "manifest and the bad file(s) and run again." % (
+                                          manifest_path, describe_problems(root, mismatch)))
 
     result["files"] = len(manifest["files"])
     result["total_bytes"] = total_bytes(manifest)
@@ -224,8 +262,8 @@ def run(module):
     }
     if result["changed"] and not module.check_mode:
         if result["manifest_created"]:
-            atomic_write(manifest_path, manifest_text)
-        atomic_write(fp_path, fp_text)
+            write_text(module, manifest_path, manifest_text)
+        write_text(module, fp_path, fp_text)
     return result
 
 
@@ -236,6 +274,7 @@ def main():
             manifest=dict(type="path"),
             fingerprint=dict(type="path"),
             create=dict(type="bool", default=False),
+            expected=dict(type="list", elements="dict"),
             revision=dict(type="str"),
             reverify=dict(type="bool", default=False),
             quick=dict(type="bool", default=False),

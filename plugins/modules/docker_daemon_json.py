@@ -76,10 +76,10 @@ created:
 
 import json
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
+from ansible_collections.sparkops.appliance.plugins.module_utils._files import write_text
 
 
 class DaemonJsonError(Exception):
@@ -116,25 +116,6 @@ def merge(current, settings):
 
 def render(config):
     return json.dumps(config, indent=4) + "\n"
-
-
-def write_atomically(module, path, text, mode):
-    """Write text to a temporary file beside path, then rename it over path."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".daemon.json.", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if not os.path.exists(path):
-            os.chmod(tmp, mode)
-        # atomic_move renames within the directory and keeps an existing file's owner, mode and
-        # SELinux context.
-        module.atomic_move(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def main():
@@ -178,7 +159,7 @@ def main():
                 module.fail_json(msg="%s: the directory %s does not exist (is the Docker engine installed?)"
                                  % (path, os.path.dirname(path)))
             try:
-                write_atomically(module, path, after_text, mode)
+                write_text(module, path, after_text, mode)
             except (IOError, OSError) as exc:
                 module.fail_json(msg="cannot write %s: %s" % (path, to_native(exc)))
     module.exit_json(**result)

@@ -1,5 +1,6 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
@@ -14,7 +15,8 @@ description:
   - Reads the safetensors shards of a checkpoint directory (header only; tensor bytes are
     copied by the kernel or through small buffers, never a whole tensor in memory), selects
     the per-layer embedding tables by name pattern and writes them into ONE packed file -
-    magic, format version, a JSON index (name, dtype, shape, offset, nbytes, sha256 per table)
+    magic, format version, a JSON index (name, dtype, shape, offset, nbytes and a chunked sha256
+      digest per table)
     and each table's raw little-endian bytes at an offset aligned to O(alignment).
   - The format is documented in C(docs/ple-format.md) of the collection.
   - The file is written to a temporary file in the destination directory and renamed at the
@@ -31,9 +33,9 @@ description:
     file, overlapping or out-of-range offsets, a tensor name in two shards, an unsupported
     dtype, no table matching O(name_patterns) (the message lists the closest names), not
     enough free disk.
-version_added: "1.0.0"
+version_added: "0.1.0"
 author:
-  - sparkops.appliance contributors (@sparkops)
+  - sparkops contributors (@sparkops)
 options:
   checkpoint_dir:
     description:
@@ -61,10 +63,10 @@ options:
     default: 4096
   verify:
     description:
-      - After writing, re-read every table from the packed file and compare its sha256 with the
+      - After writing, re-read every table from the packed file and compare its digest with the
         one computed from the source while copying.
       - When the pack is already up to date by its fingerprint, re-read every table twice - from
-        its source shard and from the pack - and compare both sha256 with the index. A source
+        its source shard and from the pack - and compare both digests with the index. A source
         table whose bytes changed without a change of the shard's size or mtime (a shard
         rewritten in place, its mtime restored) makes the module repack from the checkpoint
         as it is now, with a warning naming the table and the shard (RV(source_changed)); a
@@ -85,13 +87,15 @@ attributes:
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
-    details: The diff lists the file mode, format, alignment, fingerprint and the tables' layout (not their sha256).
+    details: The diff lists the file mode, format, alignment, fingerprint and the tables' layout (not their digests).
   idempotent:
     description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: full
 notes:
-  - Hashing every table (sha256 for the index) is part of the pack; on a machine with few or
-    slow cores it, not the copy, bounds the throughput.
+  - Hashing every table (for the index) is part of the pack. A table's digest is the sha256 of
+    the sha256 of its 16 MiB chunks (C(hash_scheme) C(sha256-chunks)), so the chunks are hashed
+    on all cores (up to 8 threads) while the kernel copies; a pack written by an older version
+    (one whole-table sha256) is re-packed.
 """
 
 EXAMPLES = r"""
@@ -149,7 +153,7 @@ fingerprint:
   type: str
 tables:
   description:
-    - The index entries. C(sha256) is null in check mode when the pack would be (re)written.
+    - The index entries. C(digest) is null in check mode when the pack would be (re)written.
   returned: success
   type: list
   elements: dict
@@ -159,7 +163,7 @@ tables:
       shape: [262144, 8960]
       offset: 4096
       nbytes: 4697620480
-      sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+      digest: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
       source_shard: model-00001-of-00004.safetensors
 shards:
   description: Shard file names read, in order.
@@ -175,7 +179,7 @@ copy_method:
   returned: success
   type: str
 verify_failed:
-  description: Tables of the existing pack whose sha256 did not match its index (with O(verify)).
+  description: Tables of the existing pack whose digest did not match its index (with O(verify)).
   returned: success
   type: list
   elements: str
@@ -206,14 +210,18 @@ import os
 import re
 import struct
 import tempfile
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.appliance.plugins.module_utils._disk import filesystem_space
+from ansible_collections.sparkops.appliance.plugins.module_utils._ple_hash import (
+    HASH_CHUNK_BYTES,
+    HASH_SCHEME,
+    ChunkHasher,
+    chunk_bounds,
+)
 from ansible_collections.sparkops.appliance.plugins.module_utils._safetensors import (
     RangeCopier,
     SafetensorsError,
-    hash_range,
     read_shards,
 )
 
@@ -223,7 +231,7 @@ PREFIX = struct.Struct("<8sIIQ")  # magic, format version, flags (0), index leng
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 DEFAULT_PATTERNS = ["embed_tokens_per_layer"]
 TEMP_SUFFIX = ".ple-tmp"
-_SHA_PLACEHOLDER = "0" * 64
+_DIGEST_PLACEHOLDER = "0" * 64
 GIB = float(1 << 30)
 
 
@@ -303,10 +311,10 @@ def _serialize(index):
 
 
 def plan_layout(tables, alignment, fp):
-    """The index (sha256 still placeholders) and its serialized length.
+    """The index (digests still placeholders) and its serialized length.
 
     Offsets are absolute; the first table starts at the first multiple of alignment after the
-    prefix and the index. The sha256 placeholders have the final length, so filling them in
+    prefix and the index. The digest placeholders have the final length, so filling them in
     keeps the index the same size.
     """
     data_start = alignment
@@ -321,7 +329,7 @@ def plan_layout(tables, alignment, fp):
                 "shape": list(t.shape),
                 "offset": offset,
                 "nbytes": t.nbytes,
-                "sha256": _SHA_PLACEHOLDER,
+                "digest": _DIGEST_PLACEHOLDER,
                 "source_shard": os.path.basename(t.shard),
             })
             end = offset + t.nbytes
@@ -332,6 +340,8 @@ def plan_layout(tables, alignment, fp):
             "byte_order": "little",
             "alignment": alignment,
             "fingerprint": fp,
+            "hash_scheme": HASH_SCHEME,
+            "hash_chunk_bytes": HASH_CHUNK_BYTES,
             "ple_bytes": sum(t.nbytes for t in tables),
             "file_bytes": end,
             "tables": entries,
@@ -377,7 +387,7 @@ def read_pack_index(path):
 
 
 def describe(index, mode=None):
-    """Text of an index (and file mode) for the diff: everything but the sha256 values."""
+    """Text of an index (and file mode) for the diff: everything but the digests."""
     if index is None:
         return ""
     lines = ["mode: %04o" % mode] if mode is not None else []
@@ -385,6 +395,7 @@ def describe(index, mode=None):
         "format: %s v%s" % (index.get("format"), index.get("format_version")),
         "alignment: %s" % index.get("alignment"),
         "fingerprint: %s" % index.get("fingerprint"),
+        "hash: %s" % _hash_text(index),
         "file_bytes: %s" % index.get("file_bytes"),
         "ple_bytes: %s" % index.get("ple_bytes"),
         "tables:",
@@ -396,11 +407,18 @@ def describe(index, mode=None):
     return "\n".join(lines) + "\n"
 
 
+def _hash_text(index):
+    if "hash_scheme" not in index:
+        return "whole-table sha256 (an older pack: its digests cannot be checked, it is re-packed)"
+    return "%s, %s-byte chunks" % (index.get("hash_scheme"), index.get("hash_chunk_bytes"))
+
+
 def _same_layout(a, b):
     keys = ("name", "dtype", "shape", "offset", "nbytes", "source_shard")
     if a is None or b is None:
         return False
-    if any(a.get(k) != b.get(k) for k in ("fingerprint", "alignment", "file_bytes", "ple_bytes")):
+    index_keys = ("fingerprint", "alignment", "file_bytes", "ple_bytes", "hash_scheme", "hash_chunk_bytes")
+    if any(a.get(k) != b.get(k) for k in index_keys):
         return False
     ta, tb = a.get("tables", []), b.get("tables", [])
     return len(ta) == len(tb) and all(
@@ -408,46 +426,34 @@ def _same_layout(a, b):
 
 
 def verify_pack(path, index):
-    """Names of the tables whose bytes in the pack do not match the index's sha256."""
-    bad = []
-    for t in index["tables"]:
-        if hash_range(path, t["offset"], t["offset"] + t["nbytes"]) != t.get("sha256"):
-            bad.append(t["name"])
-    return bad
+    """Names of the tables whose bytes in the pack do not match the index's digest."""
+    with ChunkHasher(chunk_bytes=index["hash_chunk_bytes"]) as hasher:
+        handles = [hasher.add(path, t["offset"], t["offset"] + t["nbytes"]) for t in index["tables"]]
+        return [t["name"] for t, h in zip(index["tables"], handles) if hasher.digest(h) != t.get("digest")]
 
 
 def verify_against_sources(path, index, tables):
     """Re-read every table from its source shard and from the pack; compare both with the index.
 
     tables are the selected source tensors, in index order (the fingerprint matched, so the
-    layouts agree). Each range is streamed through hash_range's one buffer, several ranges at
-    a time in threads. Returns (source_changed, pack_bad): the source tables whose bytes are no
-    longer those packed ({"table", "shard"}), and the names of the tables whose packed bytes do
-    not match the index.
+    layouts agree). Every range is hashed by the index's chunk scheme, its chunks on a pool of
+    threads with one buffer each. Returns (source_changed, pack_bad): the source tables whose
+    bytes are no longer those packed ({"table", "shard"}), and the names of the tables whose
+    packed bytes do not match the index.
     """
     entries = index["tables"]
-    stop = threading.Event()
-    workers = max(1, min(2 * len(entries), os.cpu_count() or 1, 8))
-    pool = ThreadPoolExecutor(max_workers=workers)
-    try:
-        jobs = []
-        for t, entry in zip(tables, entries):
-            jobs.append((t, entry,
-                         pool.submit(hash_range, t.shard, t.begin, t.end, stop=stop),
-                         pool.submit(hash_range, path, entry["offset"], entry["offset"] + entry["nbytes"], stop=stop)))
+    with ChunkHasher(chunk_bytes=index["hash_chunk_bytes"]) as hasher:
+        jobs = [(t, entry, hasher.add(t.shard, t.begin, t.end),
+                 hasher.add(path, entry["offset"], entry["offset"] + entry["nbytes"]))
+                for t, entry in zip(tables, entries)]
         source_changed = []
         pack_bad = []
         for t, entry, source_hash, pack_hash in jobs:
-            if source_hash.result() != entry.get("sha256"):
+            if hasher.digest(source_hash) != entry.get("digest"):
                 source_changed.append({"table": t.name, "shard": os.path.basename(t.shard)})
-            if pack_hash.result() != entry.get("sha256"):
+            if hasher.digest(pack_hash) != entry.get("digest"):
                 pack_bad.append(entry["name"])
         return source_changed, pack_bad
-    except BaseException:
-        stop.set()
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def weight_bytes(checkpoint_dir, exclude=()):
@@ -502,8 +508,7 @@ def _remove(paths):
 
 
 def _check_space(directory, needed):
-    st = os.statvfs(directory)
-    free = st.f_bavail * st.f_frsize
+    free = filesystem_space(directory)[0]
     if free < needed:
         raise PackError("not enough free disk in %s: the PLE pack needs %d bytes (%.2f GiB), %d "
                         "bytes (%.2f GiB) are free" % (directory, needed, needed / GIB, free, free / GIB))
@@ -512,7 +517,7 @@ def _check_space(directory, needed):
 def write_pack(dest, tables, index, headers, verify=False, mode=0o644, check_space=True, move=None):
     """Write the pack to a locked temp file next to dest, then move it over dest.
 
-    Returns (index with sha256 filled in, copy method, verified). On any failure the temp file
+    Returns (index with digests filled in, copy method, verified). On any failure the temp file
     is removed and PackError raised; dest is untouched.
     """
     directory = os.path.dirname(dest) or "."
@@ -523,8 +528,7 @@ def write_pack(dest, tables, index, headers, verify=False, mode=0o644, check_spa
                                suffix=TEMP_SUFFIX, dir=directory)
     copier = RangeCopier()
     src_fds = {}
-    pool = None
-    stop = threading.Event()
+    hasher = None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
@@ -533,26 +537,31 @@ def write_pack(dest, tables, index, headers, verify=False, mode=0o644, check_spa
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
             os.ftruncate(fd, total)
-        workers = max(1, min(len(tables), os.cpu_count() or 1, 8))
-        pool = ThreadPoolExecutor(max_workers=workers)
-        hashes = []
+        # Each chunk is copied by the kernel, then hashed from the source by the pool while the
+        # next chunks are copied: the bytes are read from the disk once (the hash finds them in
+        # the page cache) and the chunks of one large table are hashed on all cores.
+        hasher = ChunkHasher(chunk_bytes=index["hash_chunk_bytes"])
+        handles = []
         for t, entry in zip(tables, index["tables"]):
-            hashes.append(pool.submit(hash_range, t.shard, t.begin, t.end, stop=stop))
             src = src_fds.get(t.shard)
             if src is None:
                 src = src_fds[t.shard] = os.open(t.shard, os.O_RDONLY)
-            copier.copy(src, t.begin, fd, entry["offset"], t.nbytes)
+            handle = []
+            for begin, end in chunk_bounds(t.begin, t.end, hasher.chunk_bytes):
+                copier.copy(src, begin, fd, entry["offset"] + begin - t.begin, end - begin)
+                hasher.add_chunk(handle, t.shard, begin, end)
+            handles.append(handle)
         final = dict(index)
-        final["tables"] = [dict(e, sha256=h.result()) for e, h in zip(index["tables"], hashes)]
-        pool.shutdown()
-        pool = None
+        final["tables"] = [dict(e, digest=hasher.digest(h)) for e, h in zip(index["tables"], handles)]
+        hasher.close()
+        hasher = None
         for h in headers:  # the source must not have changed under us
             st = os.stat(h.path)
             if (st.st_size, st.st_mtime_ns) != (h.size, h.mtime_ns):
                 raise PackError("%s changed while it was being packed; run again" % h.path)
         blob = _serialize(final)
         if PREFIX.size + len(blob) != PREFIX.size + len(_serialize(index)):
-            raise PackError("internal error: the index changed size when its sha256 were filled in")
+            raise PackError("internal error: the index changed size when its digests were filled in")
         os.pwrite(fd, PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(blob)) + blob, 0)
         verified = False
         if verify:
@@ -576,9 +585,9 @@ def write_pack(dest, tables, index, headers, verify=False, mode=0o644, check_spa
             pass
         return final, copier.method, verified
     except BaseException as exc:
-        if pool is not None:
-            stop.set()
-            pool.shutdown(wait=True, cancel_futures=True)
+        if hasher is not None:
+            hasher.stop()
+            hasher.close()
         if fd is not None:
             os.close(fd)
         try:
@@ -654,7 +663,7 @@ def pack(checkpoint_dir, dest, name_patterns=None, alignment=4096, verify=False,
         before_text += "# source changed since packed (same shard size and mtime): %s in %s\n" % (
             changed["table"], changed["shard"])
     if verify_failed:
-        before_text += "# sha256 mismatch in: %s\n" % ", ".join(verify_failed)
+        before_text += "# digest mismatch in: %s\n" % ", ".join(verify_failed)
     stale = [] if check_mode else stale_temp_files(dest)
 
     if up_to_date:
@@ -670,7 +679,7 @@ def pack(checkpoint_dir, dest, name_patterns=None, alignment=4096, verify=False,
             final, result["copy_method"], result["verified"] = write_pack(
                 dest, tables, planned, headers, verify=verify, mode=mode,
                 check_space=check_space, move=move)
-        tables_out = [dict(e, sha256=None) if check_mode else e for e in final["tables"]]
+        tables_out = [dict(e, digest=None) if check_mode else e for e in final["tables"]]
         result.update(changed=True, tables=tables_out,
                       diff={"before": before_text, "after": describe(planned, mode)})
     _remove(stale)

@@ -34,6 +34,8 @@ except ImportError:  # pragma: no cover - Python 2 is not supported by the colle
     Mapping = dict
 
 import yaml
+from ansible.errors import AnsibleError
+from ansible.plugins.lookup import LookupBase
 
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CONTROL = re.compile(r'[\x00-\x1f\x7f]')
@@ -257,3 +259,27 @@ def input_problems(values, options):
         if name in options:
             problems.extend(option_problems(name, values[name], options[name]))
     return problems
+
+
+class RoleInputsLookup(LookupBase):
+    """What the role_options and input_problems lookups share: their terms name the roles whose
+    options are read (none: every role), and defined values are templated before they are checked."""
+
+    def role_options(self, terms, variables, **kwargs):
+        """set_options, then {option name: spec} of the roles named in terms."""
+        self.set_options(var_options=variables, direct=kwargs)
+        return load_role_options(roles=list(terms or []))
+
+    def defined_values(self, options, variables):
+        """{name: templated value} of the options defined in variables; a value that refers to
+        something not known yet is left out (the role's own checks see it later)."""
+        variables = variables or {}
+        values = {}
+        for name in options:
+            if name not in variables:
+                continue
+            try:
+                values[name] = self._templar.template(variables[name])
+            except AnsibleError:
+                continue
+        return values

@@ -11,7 +11,7 @@ import re
 DOCUMENTATION = r"""
 name: python_regex
 short_description: Whether a value is a string that compiles as a Python regular expression
-version_added: 1.0.0
+version_added: "0.1.0"
 description:
   - True for a string that C(re.compile) accepts; false for any other string and for a value
     that is not a string. Lets an input check refuse a bad pattern on the controller, with its

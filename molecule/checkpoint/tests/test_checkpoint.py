@@ -56,5 +56,5 @@ def test_failure_cases_play():
     assert out.returncode == 0
     assert "failed=0" in log and "rescued=5" in log
     assert "hf_SECRET_lab_token_never_shown" not in log
-    # the resumed fetch printed progress (bytes done / total) while it ran
+    # the resumed fetch printed its progress file (bytes done / total) when the wait ended
     assert "of 48.3 MiB (" in log

@@ -6,69 +6,12 @@ killed after the grace), the incident archive, the metrics file, memwatch's log.
 Run in file order: the first incident stops the container converge started; the second one
 uses a container that ignores SIGTERM.
 """
-import base64
 import json
 import time
 
 import pytest
-
-NAME = "sparkops-memwatch-test-serve"
-TEST_DIR = "/var/lib/memwatch-test"
-METRICS = "/var/lib/prometheus/node-exporter/memwatch.prom"
-ARCHIVES = "/var/lib/memwatch/incidents"
-LOG = "/var/log/memwatch/memwatch.log"
-GIB = 1024 * 1024
-IGNORE_TERM = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-               "print('stand-in vLLM ignoring SIGTERM: serving', flush=True); time.sleep(1800)")
-NV = "NVRM: nvAssertFailedNoLog: NV_ERR_NO_MEMORY occurred (test line %d)"
-
-
-def meminfo(avail_gib, free_gib):
-    return ("MemTotal:       127599524 kB\nMemFree:        %d kB\nMemAvailable:   %d kB\n"
-            "Cached:         30000000 kB\nAnonPages:       3000000 kB\nShmem:             20000 kB\n"
-            "Slab:             900000 kB\nPageTables:        65000 kB\n" % (free_gib * GIB, avail_gib * GIB))
-
-
-def write_meminfo(host, avail_gib, free_gib):
-    text = meminfo(avail_gib, free_gib)
-    # only letters, digits, spaces, colons and newlines: safe inside a printf format
-    cmd = "printf '%s' > %s/meminfo.tmp && mv %s/meminfo.tmp %s/meminfo" % (
-        text.replace("\n", "\\n"), TEST_DIR, TEST_DIR, TEST_DIR)
-    host.run_test(cmd)
-    assert host.file(TEST_DIR + "/meminfo").content_string == text
-
-
-def metrics(host):
-    out = {}
-    for line in host.file(METRICS).content_string.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-    return out
-
-
-def wait_for(what, check, timeout=60, step=0.5):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError("timed out after %ss waiting for %s (last: %r)" % (timeout, what, last))
-
-
-def container_state(host):
-    res = host.run("docker inspect -f '{{.State.Running}} {{.State.ExitCode}}' %s" % NAME)
-    if res.rc != 0:
-        return None
-    running, code = res.stdout.split()
-    return running == "true", int(code)
-
-
-def events(host, name):
-    return [json.loads(line) for line in host.file(LOG).content_string.splitlines()
-            if json.loads(line)["event"] == name]
+from memwatch_lab import (ARCHIVES, GIB, IGNORE_TERM, METRICS, NAME, NV, TEST_DIR, container_state, events, metrics, put_file,
+                          start_the_serve_unit_and_fire, wait_for, write_meminfo)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -190,10 +133,7 @@ def test_stop_via_the_serve_unit_leaves_it_stopped_no_restart(host, image):
     wait_for("re-arming after recovery", lambda: metrics(host)["memwatch_armed"] == 1)
     unit = SERVE_UNIT.format(name=NAME, image=image, script=DIES_OF_TERM)
     host.run_test("cat > /etc/systemd/system/sparkops-serve.service <<'EOF'\n%sEOF" % unit)
-    host.run_test("systemctl daemon-reload && systemctl start sparkops-serve.service")
-    wait_for("the unit's container", lambda: container_state(host) == (True, 0))
-    write_meminfo(host, 5, 3)
-    action = wait_for("the third action", lambda: len(events(host, "action")) == 3 and events(host, "action"))[-1]
+    action = start_the_serve_unit_and_fire(host, 3)
     assert action["result"] == "stopped"
     assert [(s["step"], s["rc"]) for s in action["steps"]] == [("systemctl stop sparkops-serve.service", 0)]
     time.sleep(4)  # > RestartSec: a restart would have happened by now
@@ -214,13 +154,6 @@ exit 1
 CONFIG = "/etc/sparkops/memwatch.json"
 
 
-def put_file(host, path, text, mode="0644"):
-    """Write ``text`` to ``path`` on the lab Spark exactly (base64: no quoting issues)."""
-    data = base64.b64encode(text.encode("utf-8")).decode("ascii")
-    host.run_test("echo %s | base64 -d > %s.tmp && chmod %s %s.tmp && mv %s.tmp %s" % (data, path, mode, path, path, path))
-    assert host.file(path).content_string == text
-
-
 def test_docker_unknown_still_stops_the_serve_unit_through_systemd(host, image):
     """Unknown is not absent: with a docker CLI that fails and memwatch in docker-only mode
     (stop_via_unit false), a firing still stops the serve unit through systemd (no restart),
@@ -235,10 +168,7 @@ def test_docker_unknown_still_stops_the_serve_unit_through_systemd(host, image):
         write_meminfo(host, 60, 30)
         host.run_test("systemctl restart memwatch.service")
         wait_for("re-arming after recovery", lambda: host.file(METRICS).exists and metrics(host)["memwatch_armed"] == 1)
-        host.run_test("systemctl start sparkops-serve.service")
-        wait_for("the unit's container", lambda: container_state(host) == (True, 0))
-        write_meminfo(host, 5, 3)
-        action = wait_for("the fourth action", lambda: len(events(host, "action")) == 4 and events(host, "action"))[-1]
+        action = start_the_serve_unit_and_fire(host, 4)
         assert action["result"] == "unit_stopped", action
         assert action["docker_unknown"] is True
         assert "Cannot connect to the Docker daemon" in action["docker_errors"][0]

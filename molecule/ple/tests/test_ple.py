@@ -11,8 +11,8 @@ PACK = MODELS + "/tiny-ple.ple"
 TOOLS = "/usr/local/lib/sparkops-lab"
 
 # An independent reader of docs/ple-format.md, run with the Spark's own python3: it checks the
-# prefix, the alignment, the sha256 of every table and that each table's bytes equal the
-# tensor's bytes in its source shard (parsed here too, stdlib only).
+# prefix, the alignment, the digest of every table (hash scheme sha256-chunks) and that each
+# table's bytes equal the tensor's bytes in its source shard (parsed here too, stdlib only).
 CHECK = textwrap.dedent(r"""
     import hashlib, json, os, struct, sys
     pack, ckpt = sys.argv[1], sys.argv[2]
@@ -20,6 +20,8 @@ CHECK = textwrap.dedent(r"""
     magic, version, flags, n = struct.unpack("<8sIIQ", f.read(24))
     assert (magic, version, flags) == (b"SPARKPLE", 1, 0), (magic, version, flags)
     index = json.loads(f.read(n))
+    assert index.get("hash_scheme") == "sha256-chunks", "old or unknown hash scheme: re-pack it with the ple role"
+    chunk = index["hash_chunk_bytes"]
     assert os.path.getsize(pack) == index["file_bytes"]
     out = {"alignment": index["alignment"], "ple_bytes": index["ple_bytes"], "tables": []}
     for t in index["tables"]:
@@ -30,14 +32,14 @@ CHECK = textwrap.dedent(r"""
         begin, end = entry["data_offsets"]
         shard.seek(8 + hlen + begin)
         f.seek(t["offset"])
-        h = hashlib.sha256()
+        chunks = []
         left = t["nbytes"]
         assert left == end - begin
         while left:
-            a = f.read(min(left, 1 << 20)); b = shard.read(len(a))
+            a = f.read(min(left, chunk)); b = shard.read(len(a))
             assert a == b, t["name"]
-            h.update(a); left -= len(a)
-        assert h.hexdigest() == t["sha256"], t["name"]
+            chunks.append(hashlib.sha256(a).digest()); left -= len(a)
+        assert hashlib.sha256(b"".join(chunks)).hexdigest() == t["digest"], t["name"]
         out["tables"].append([t["name"], t["dtype"], t["shape"], t["offset"]])
     print(json.dumps(out))
 """)
@@ -172,7 +174,7 @@ def test_verify_rereads_the_shards_and_repacks_one_rewritten_in_place(host):
         loud = host.ansible("sparkops.appliance.ple_pack", args + " verify=true", check=False)
         assert loud["changed"] is True and loud["verified"] is True, loud
         assert loud["source_changed"] == [{"table": name, "shard": shard}]
-        info = check_pack(host, dest, ckpt)  # every packed byte equals the shard's, sha256 match
+        info = check_pack(host, dest, ckpt)  # every packed byte equals the shard's, digests match
         assert info["tables"][0][0] == name
         again = host.ansible("sparkops.appliance.ple_pack", args + " verify=true", check=False)
         assert again["changed"] is False and again["verified"] is True

@@ -1,22 +1,33 @@
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Plan or download a pinned Hugging Face snapshot into a directory (run in the role's venv).
 
-  hf_fetch.py plan     --repo R --revision SHA [--allow-pattern P ...]
-      prints {"total_bytes": N, "files": n, "revision": SHA} (sizes from the Hub's file metadata)
-  hf_fetch.py download --repo R --revision SHA --local-dir D [--progress-file F] [--allow-pattern P ...]
+  hf_fetch.py plan     --repo R --revision SHA [--endpoint URL] [--token-file F] [--allow-pattern P ...]
+      prints {"total_bytes": N, "files": n, "revision": SHA, "expected": [{"path", "size", "sha256"}]}
+      from the Hub's own file list (GET <endpoint>/api/models/R/tree/SHA?recursive=true, every page):
+      "sha256" is the Hub's lfs.oid for an LFS file (the sha256 of its content), null for a file
+      kept in git (only its size is known). The role verifies the download against this list
+      before it writes the manifest.
+  hf_fetch.py download --repo R --revision SHA --local-dir D [--endpoint URL] [--token-file F]
+                       [--progress-file F] [--allow-pattern P ...]
       snapshot_download (resumes its own partial files), writing bytes done / total to F
 
-The token comes from the environment (HF_TOKEN), never from the command line, so it does not
-show in `ps` or in Ansible's registered command.
+With --token-file the token is read from that file (the role writes it 0600 to /run and removes
+it afterwards): it is never on a command line (`ps`) nor in an environment (/proc/PID/environ).
 """
 import argparse
 import fnmatch
 import json
 import os
+import re
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 
 GIB = 1 << 30
+HUB = "https://huggingface.co"
 
 
 def parse(argv):
@@ -24,25 +35,50 @@ def parse(argv):
     ap.add_argument("action", choices=["plan", "download"])
     ap.add_argument("--repo", required=True)
     ap.add_argument("--revision", required=True)
+    ap.add_argument("--endpoint", default=HUB)
+    ap.add_argument("--token-file")
     ap.add_argument("--local-dir")
     ap.add_argument("--allow-pattern", action="append", default=[])
     ap.add_argument("--progress-file")
     a = ap.parse_args(argv)
     if a.action == "download" and not a.local_dir:
         ap.error("download needs --local-dir")
+    a.endpoint = a.endpoint.rstrip("/")
+    a.token = None
+    if a.token_file:
+        with open(a.token_file) as f:
+            a.token = f.read().strip() or None
     return a
 
 
-def token():
-    return os.environ.get("HF_TOKEN") or None
+def allowed(path, patterns):
+    return not patterns or any(fnmatch.fnmatch(path, p) for p in patterns)
+
+
+def hub_tree(a):
+    """Every file entry of the Hub's tree of the pinned revision, following the Link pagination."""
+    url = "%s/api/models/%s/tree/%s?recursive=true" % (a.endpoint, a.repo, urllib.parse.quote(a.revision, safe=""))
+    entries = []
+    while url:
+        req = urllib.request.Request(url, headers={"Authorization": "Bearer " + a.token} if a.token else {})
+        with urllib.request.urlopen(req, timeout=60) as resp:  # nosec B310 - the endpoint is https or a configured mirror
+            entries.extend(json.loads(resp.read().decode("utf-8")))
+            nxt = re.search(r'<([^>]+)>;\s*rel="next"', resp.headers.get("Link", "") or "")
+        url = nxt.group(1) if nxt else None
+    return [e for e in entries if e.get("type") == "file"]
 
 
 def plan(a):
-    from huggingface_hub import HfApi
-    info = HfApi().model_info(a.repo, revision=a.revision, files_metadata=True, token=token())
-    files = [s for s in info.siblings
-             if not a.allow_pattern or any(fnmatch.fnmatch(s.rfilename, p) for p in a.allow_pattern)]
-    return {"total_bytes": sum(s.size or 0 for s in files), "files": len(files), "revision": info.sha}
+    expected = []
+    for e in hub_tree(a):
+        if not allowed(e["path"], a.allow_pattern):
+            continue
+        lfs = e.get("lfs") or None
+        expected.append({"path": e["path"], "size": int(lfs["size"] if lfs else e["size"]),
+                         "sha256": lfs["oid"].lower() if lfs else None})
+    expected.sort(key=lambda x: x["path"])
+    return {"total_bytes": sum(x["size"] for x in expected), "files": len(expected), "revision": a.revision,
+            "expected": expected}
 
 
 def dir_bytes(root):
@@ -83,7 +119,7 @@ def download(a):
         t.start()
     try:
         path = snapshot_download(repo_id=a.repo, revision=a.revision, local_dir=a.local_dir,
-                                 allow_patterns=a.allow_pattern or None, token=token())
+                                 allow_patterns=a.allow_pattern or None, token=a.token, endpoint=a.endpoint)
     finally:
         stop.set()
         if t is not None:

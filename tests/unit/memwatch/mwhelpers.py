@@ -261,3 +261,39 @@ def run_memwatch():
         return subprocess.run([sys.executable, PROGRAM] + list(args), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, universal_newlines=True, timeout=120, **kwargs, check=False)
     return run
+
+
+# A stand-in journalctl -k (a script, named as such): entries are the lines of $FAKE_JOURNAL and
+# the cursor is the line number; it appends its pid to $FAKE_JOURNAL_PIDS and sleeps
+# $FAKE_JOURNAL_SLEEP seconds before answering (a slow or hung journal).
+FAKE_JOURNALCTL = r'''#!/usr/bin/env python3
+import os, sys, time
+with open(os.environ["FAKE_JOURNAL_PIDS"], "a") as h:
+    h.write("%d\n" % os.getpid())
+time.sleep(float(os.environ["FAKE_JOURNAL_SLEEP"]))
+lines = open(os.environ["FAKE_JOURNAL"]).read().splitlines()
+after = -1
+if "--after-cursor" in sys.argv:
+    after = int(sys.argv[sys.argv.index("--after-cursor") + 1].split("=")[1])
+assert "-k" in sys.argv and "--show-cursor" in sys.argv
+shown = [(i, l) for i, l in enumerate(lines) if i > after]
+for _i, l in shown:
+    print(l)
+if shown:
+    print("-- cursor: s=%d" % shown[-1][0])
+'''
+
+
+def fake_journalctl(lab, monkeypatch, text, sleep_s=0):
+    """Install the stand-in journalctl with text as the journal; returns (its path, the journal
+    file, the file its pids are written to)."""
+    journal = lab.tmp / "journal.txt"
+    journal.write_text(text)
+    pids = lab.tmp / "journalctl.pids"
+    monkeypatch.setenv("FAKE_JOURNAL", str(journal))
+    monkeypatch.setenv("FAKE_JOURNAL_PIDS", str(pids))
+    monkeypatch.setenv("FAKE_JOURNAL_SLEEP", str(sleep_s))
+    jctl = lab.tmp / "journalctl"
+    jctl.write_text(FAKE_JOURNALCTL)
+    os.chmod(str(jctl), 0o755)
+    return str(jctl), journal, pids

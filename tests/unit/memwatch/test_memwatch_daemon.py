@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from mwhelpers import PROGRAM, parse_metrics
+from mwhelpers import PROGRAM, fake_journalctl, parse_metrics
 
 
 def drive(dog, lab, samples):
@@ -236,30 +236,9 @@ def test_unreadable_kernel_log_is_logged_once_and_watching_goes_on(mw, lab):
     assert len(events(lab, "kernel_log_readable")) == 1 and dog.state["nv_err_total"] == 1
 
 
-FAKE_JOURNALCTL = r'''#!/usr/bin/env python3
-# fake journalctl -k: entries are lines of $FAKE_JOURNAL; the cursor is the line number.
-import os, sys
-lines = open(os.environ["FAKE_JOURNAL"]).read().splitlines()
-after = -1
-if "--after-cursor" in sys.argv:
-    after = int(sys.argv[sys.argv.index("--after-cursor") + 1].split("=")[1])
-assert "-k" in sys.argv and "--show-cursor" in sys.argv
-shown = [(i, l) for i, l in enumerate(lines) if i > after]
-for _i, l in shown:
-    print(l)
-if shown:
-    print("-- cursor: s=%d" % shown[-1][0])
-'''
-
-
 def test_journal_source_follows_the_cursor_across_restarts(mw, lab, monkeypatch):
-    journal = lab.tmp / "journal.txt"
-    journal.write_text("a\n" + NV + NV)
-    monkeypatch.setenv("FAKE_JOURNAL", str(journal))
-    jctl = lab.tmp / "journalctl"
-    jctl.write_text(FAKE_JOURNALCTL)
-    os.chmod(str(jctl), 0o755)
-    over = {"kernel_log_source": "journal", "journalctl": str(jctl), "diag_every_samples": 1}
+    jctl, journal, _pids = fake_journalctl(lab, monkeypatch, "a\n" + NV + NV)
+    over = {"kernel_log_source": "journal", "journalctl": jctl, "diag_every_samples": 1}
     dog = lab.watchdog(mw, **over)
     drive(dog, lab, [(60, 30)] * 3)
     assert dog.state["nv_err_total"] == 2 and dog.state["kernel_log"]["cursor"] == "s=2"

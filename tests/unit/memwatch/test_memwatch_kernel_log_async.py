@@ -9,38 +9,14 @@ import datetime
 import json
 import os
 
+from mwhelpers import fake_journalctl
 from test_memwatch_daemon import NV
-
-SLOW_JOURNALCTL = r'''#!/usr/bin/env python3
-# stand-in journalctl -k: answers after $FAKE_JOURNAL_SLEEP seconds; entries are lines of
-# $FAKE_JOURNAL, the cursor is the line number. Writes its pid to $FAKE_JOURNAL_PIDS first.
-import os, sys, time
-with open(os.environ["FAKE_JOURNAL_PIDS"], "a") as h:
-    h.write("%d\n" % os.getpid())
-time.sleep(float(os.environ["FAKE_JOURNAL_SLEEP"]))
-lines = open(os.environ["FAKE_JOURNAL"]).read().splitlines()
-after = -1
-if "--after-cursor" in sys.argv:
-    after = int(sys.argv[sys.argv.index("--after-cursor") + 1].split("=")[1])
-shown = [(i, l) for i, l in enumerate(lines) if i > after]
-for _i, l in shown:
-    print(l)
-if shown:
-    print("-- cursor: s=%d" % shown[-1][0])
-'''
 
 
 def journal_lab(lab, monkeypatch, sleep_s):
-    journal = lab.tmp / "journal.txt"
-    journal.write_text("boot\n" + NV)
-    pids = lab.tmp / "journalctl.pids"
-    monkeypatch.setenv("FAKE_JOURNAL", str(journal))
-    monkeypatch.setenv("FAKE_JOURNAL_PIDS", str(pids))
-    monkeypatch.setenv("FAKE_JOURNAL_SLEEP", str(sleep_s))
-    jctl = lab.tmp / "journalctl"
-    jctl.write_text(SLOW_JOURNALCTL)
-    os.chmod(str(jctl), 0o755)
-    return str(jctl), pids
+    """The stand-in journalctl (mwhelpers), answering after sleep_s, with one NV_ERR line."""
+    jctl, _journal, pids = fake_journalctl(lab, monkeypatch, "boot\n" + NV, sleep_s=sleep_s)
+    return jctl, pids
 
 
 def sample_times(stderr):

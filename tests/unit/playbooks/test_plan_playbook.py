@@ -68,6 +68,9 @@ def test_example_inventory_plans_every_host_without_connecting(tmp_path, example
     assert report['spark-pa-head']['plan']['inputs']['tensor_parallel_size'] == 2
     assert set(report['spark-01']['sources'].values()) == {'given', ''}
     assert report['spark-01']['sources']['checkpoint_dir'] == ''
+    # PLE_GIB is outside the GPU budget because the runtime's PLE plugin serves it from the pack.
+    assert report['spark-01']['ple_runtime'].startswith('served from the packed file through mmap')
+    assert 'PLE served from the packed file' in log
     # The table: a column per host, the squeeze, the warning.
     table = log[log.index('TASK [Print the memory plan]'):]
     for host in report:

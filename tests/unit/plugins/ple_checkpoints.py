@@ -99,3 +99,10 @@ def write_raw_shard(path, header, data):
         f.write(len(blob).to_bytes(8, "little"))
         f.write(blob)
         f.write(data)
+
+
+def doc_digest(data, chunk_bytes=16 * 1024 * 1024):
+    """A table's digest as docs/ple-format.md defines it (sha256-chunks), written independently."""
+    import hashlib
+    chunks = [hashlib.sha256(data[i:i + chunk_bytes]).digest() for i in range(0, len(data), chunk_bytes)]
+    return hashlib.sha256(b"".join(chunks)).hexdigest()

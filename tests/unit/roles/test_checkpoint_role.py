@@ -1,5 +1,5 @@
 """The checkpoint role's secret handling and its Hugging Face helper (the Hub itself is not reachable
-here, so huggingface_hub is replaced by a recording stand-in)."""
+here: its HTTP API is a stand-in server, hub_standin.py, and huggingface_hub a recording stand-in)."""
 import glob
 import json
 import os
@@ -8,6 +8,8 @@ import sys
 import types
 
 import yaml
+
+from hub_standin import REPO, REVISION, Hub
 
 ROLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "roles", "checkpoint")
 SECRETS = ("checkpoint_hf_token",)
@@ -30,9 +32,11 @@ def test_every_task_that_touches_the_token_has_no_log():
             if any(re.search(r"\{\{[^}]*\b%s\b" % s, text) for s in SECRETS):  # the value is templated in
                 seen += 1
                 assert task.get("no_log") is True, "%s: %s lacks no_log" % (os.path.basename(path), task.get("name"))
-                # the token travels in the environment, never on the command line
-                assert "checkpoint_hf_token" not in yaml.safe_dump(task.get("ansible.builtin.command", {}))
-    assert seen == 2  # the size query and the download
+                # the token goes into its 0600 file, never on a command line, stdin or environment
+                assert "ansible.builtin.copy" in task and task["ansible.builtin.copy"]["mode"] == "0600"
+            for key in ("ansible.builtin.command", "environment"):
+                assert "checkpoint_hf_token" not in yaml.safe_dump(task.get(key, {}))
+    assert seen == 1  # the token file
 
 
 def test_argument_spec_marks_the_token_no_log():
@@ -44,18 +48,8 @@ def test_argument_spec_marks_the_token_no_log():
 
 
 def load_helper(monkeypatch, calls):
+    """hf_fetch.py with a recording stand-in huggingface_hub (its plan asks the stand-in Hub directly)."""
     hub = types.ModuleType("huggingface_hub")
-
-    class Sibling(object):
-        def __init__(self, name, size):
-            self.rfilename, self.size = name, size
-
-    class HfApi(object):
-        def model_info(self, repo, revision=None, files_metadata=False, token=None):
-            calls.append(("model_info", repo, revision, files_metadata, token))
-            return types.SimpleNamespace(sha=revision, siblings=[
-                Sibling("model-00001-of-00002.safetensors", 100), Sibling("model-00002-of-00002.safetensors", 50),
-                Sibling("config.json", 7), Sibling("README.md", 3)])
 
     def snapshot_download(**kw):
         calls.append(("snapshot_download", kw))
@@ -64,7 +58,7 @@ def load_helper(monkeypatch, calls):
             f.write("{}\n")
         return kw["local_dir"]
 
-    hub.HfApi, hub.snapshot_download = HfApi, snapshot_download
+    hub.snapshot_download = snapshot_download
     monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
     import importlib.util
     spec = importlib.util.spec_from_file_location("hf_fetch", os.path.join(ROLE, "files", "hf_fetch.py"))
@@ -73,27 +67,33 @@ def load_helper(monkeypatch, calls):
     return mod
 
 
-def test_hf_plan_sums_sizes_of_the_pinned_revision_with_env_token(monkeypatch, capsys):
-    calls = []
-    mod = load_helper(monkeypatch, calls)
-    monkeypatch.setenv("HF_TOKEN", "hf_secret")
-    rev = "0123456789abcdef0123456789abcdef01234567"
-    assert mod.main(["plan", "--repo", "o/m", "--revision", rev, "--allow-pattern", "*.safetensors",
-                     "--allow-pattern", "*.json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"total_bytes": 157, "files": 3, "revision": rev}
-    assert calls == [("model_info", "o/m", rev, True, "hf_secret")]
+def test_hf_plan_lists_the_hubs_sizes_and_lfs_sha256_over_every_page(monkeypatch, tmp_path, capsys):
+    mod = load_helper(monkeypatch, [])
+    (tmp_path / "token").write_text("hf_secret\n")
+    with Hub("hf_secret") as hub:
+        assert mod.main(["plan", "--repo", REPO, "--revision", REVISION, "--endpoint", hub.url, "--token-file", str(tmp_path / "token"),
+                         "--allow-pattern", "*.safetensors", "--allow-pattern", "*.json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert len([p for p, _a in hub.auth_seen if p.startswith("/api/")]) == 2  # 4 entries, 2 a page
+        assert out["expected"] == [
+            {"path": "config.json", "size": len(hub.files["config.json"][0]), "sha256": None},
+            {"path": "extra/adapter.safetensors", "size": 4096, "sha256": hub.sha256("extra/adapter.safetensors")},
+            {"path": "model.safetensors", "size": 96 * 1024, "sha256": hub.sha256("model.safetensors")}]
+        assert out["total_bytes"] == sum(e["size"] for e in out["expected"]) and out["files"] == 3 and out["revision"] == REVISION
 
 
-def test_hf_download_passes_revision_local_dir_and_writes_progress(monkeypatch, tmp_path, capsys):
+def test_hf_download_passes_revision_local_dir_endpoint_token_and_writes_progress(monkeypatch, tmp_path, capsys):
     calls = []
     mod = load_helper(monkeypatch, calls)
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    rev = "0123456789abcdef0123456789abcdef01234567"
+    (tmp_path / "token").write_text("hf_secret")
     prog = str(tmp_path / "p.json")
-    assert mod.main(["download", "--repo", "o/m", "--revision", rev, "--local-dir", str(tmp_path / "d"),
-                     "--progress-file", prog]) == 0
+    with Hub("hf_secret") as hub:
+        assert mod.main(["download", "--repo", REPO, "--revision", REVISION, "--local-dir", str(tmp_path / "d"), "--endpoint", hub.url,
+                         "--token-file", str(tmp_path / "token"), "--progress-file", prog]) == 0
+        total = sum(len(d) for d, _lfs in hub.files.values())
     dl = [c for c in calls if c[0] == "snapshot_download"][0][1]
-    assert dl == {"repo_id": "o/m", "revision": rev, "local_dir": str(tmp_path / "d"), "allow_patterns": None,
-                  "token": None}
+    assert dl == {"repo_id": REPO, "revision": REVISION, "local_dir": str(tmp_path / "d"), "allow_patterns": None,
+                  "token": "hf_secret", "endpoint": hub.url}
     p = json.load(open(prog))
-    assert p["state"] == "done" and p["total"] == 160 and p["done"] == 3
+    assert p["state"] == "done" and p["total"] == total and p["done"] == 3

@@ -3,8 +3,8 @@
 """host_tuning_sysctl_apply: true, false and auto decide whether the sysctl settings are applied now.
 
 Runs the role in check mode (nothing is written, nothing applied) on several local "hosts" at once,
-one per case: the decision shows as the read-only task "Read the running values" running or being
-skipped on that host."""
+one per case: the decision shows as the task APPLY (ansible.posix.sysctl, which sets nothing in
+check mode) running or being skipped on that host."""
 import json
 import os
 import subprocess
@@ -13,6 +13,7 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 SYSCTL_FILE = "/etc/sysctl.d/99-sparkops-unit-test.conf"
 ITS_OWN_TYPE = "{{ [ansible_facts.virtualization_type] }}"  # the host counts as a container
+APPLY = "Apply the sysctl settings where the kernel allows it"
 
 
 def play(tmp_path, cases):
@@ -49,7 +50,7 @@ def test_apply_true_false_auto(tmp_path):
     proc, results = play(tmp_path, {host: case[0] for host, case in cases.items()})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     for host, (_value, applied) in cases.items():
-        read = results[host]["Read the running values"]
+        read = results[host][APPLY]
         assert read.get("skipped", False) is (not applied), (host, read)
 
 
@@ -60,4 +61,4 @@ def test_anything_else_is_refused_naming_the_variable(tmp_path):
     for host in cases:
         failed = [res for res in results[host].values() if res.get("failed")]
         assert failed and "host_tuning_sysctl_apply" in failed[0]["msg"], (host, results[host])
-        assert "Read the running values" not in results[host]
+        assert APPLY not in results[host]

@@ -117,7 +117,7 @@ def test_model_comes_from_the_shared_model_variables(tmp_path):
     assert "--served-model-name gemma-3n" in text
 
 
-# --- the unit's semantics (issue 9) ----------------------------------------------------------
+# --- the unit's semantics (SPEC §6) -----------------------------------------------------------
 
 def test_unit_uses_the_helper_for_shm_start_bound_and_stop(tmp_path):
     unit, _env = render(tmp_path)
@@ -125,8 +125,9 @@ def test_unit_uses_the_helper_for_shm_start_bound_and_stop(tmp_path):
     assert "find /dev/shm" not in text and "-delete" not in text
     assert "ExecStartPre=%s shm-clean --dir /dev/shm 'vllm*' 'psm_*'" % HELPER in text
     assert ("ExecStart=%s run --unit sparkops-serve.service --state-dir /run/sparkops/serve --max-failed-starts 3 "
-            "--health-url http://127.0.0.1:8000/health -- \\\n    /usr/bin/docker run --rm --name sparkops-vllm" % HELPER) in text
-    assert "ExecStop=%s stop -- /usr/bin/docker stop -t 30 sparkops-vllm\n" % HELPER in text
+            "--health-url http://127.0.0.1:8000/health --container sparkops-vllm -- \\\n    /usr/bin/docker run --rm --name sparkops-vllm" % HELPER) in text
+    assert ("ExecStop=%s stop --unit sparkops-serve.service --state-dir /run/sparkops/serve --max-failed-starts 3 "
+            "-- /usr/bin/docker stop -t 30 sparkops-vllm\n" % HELPER) in text
     assert "ExecStopPost=%s stop-post --unit sparkops-serve.service" % HELPER in text
     assert "RestartPreventExitStatus=78\n" in text
     recycle = (tmp_path / "sparkops-serve-recycle.service").read_text()
@@ -224,9 +225,15 @@ def test_failed_starts_are_bounded_whatever_their_length(tmp_path):
     # A start by hand (NRestarts=0: systemctl start, reset-failed, the role's handler) runs again.
     assert start(0, "exit 1", "inv4").returncode == 1
     assert count.read_text() == "1\n"
-    # A clean stop is not a failed start.
+    # A clean stop (systemd ran ExecStop in this invocation) is not a failed start ...
+    ok = fake_bin(tmp_path / "d", "docker", "exit 0\n")
+    helper("stop", *base, "--", str(ok / "docker"), "stop", "c", env=dict(env, INVOCATION_ID="inv5"), check=True)
     assert start(1, "exit 0", "inv5").returncode == 0
     assert count.read_text() == "1\n"
+    # ... but an exit 0 nobody asked for (vLLM's API server when its engine died) is one, restarted.
+    r = start(1, "exit 0", "inv6")
+    assert r.returncode == 1 and "nothing asked it to stop" in r.stderr
+    assert count.read_text() == "2\n"
 
 
 def test_a_start_that_reached_health_clears_the_count(tmp_path):
@@ -276,6 +283,29 @@ def test_run_exits_with_the_servers_status(tmp_path):
     assert helper(*base, "/bin/sh", "-c", "exit 78", env=env).returncode == 1   # 78 is the guard's refusal only
 
 
+def test_an_unasked_exit_0_is_a_crash_unless_docker_signalled_the_container(tmp_path):
+    bindir = fake_bin(tmp_path, "systemctl", "echo 1\n")
+    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]), INVOCATION_ID="inv1")
+    signalled = fake_bin(tmp_path / "a", "docker", 'echo "$@" > "%s"; echo kill 15\n' % (tmp_path / "args"))
+    quiet = fake_bin(tmp_path / "b", "docker", "exit 0\n")
+    down = fake_bin(tmp_path / "c", "docker", "echo 'Cannot connect to the Docker daemon' >&2; exit 1\n")
+    base = ["run", "--unit", "x.service", "--state-dir", str(tmp_path / "s"), "--container", "c"]
+    # memwatch's own `docker stop` (no systemctl stop): Docker sent SIGTERM, a deliberate stop
+    r = helper(*base, "--docker", str(signalled / "docker"), "--", "/bin/true", env=env)
+    assert r.returncode == 0 and "signalled outside systemd (kill 15)" in r.stderr
+    args = (tmp_path / "args").read_text().split()
+    assert args[:2] == ["events", "--since"] and "container=c" in args and "event=kill" in args
+    # the engine died and the API server exited 0 by itself: a crash, restarted
+    r = helper(*base, "--docker", str(quiet / "docker"), "--", "/bin/true", env=env)
+    assert r.returncode == 1 and "nothing asked it to stop" in r.stderr
+    r = helper(*base, "--docker", str(down / "docker"), "--", "/bin/true", env=env)
+    assert r.returncode == 1 and "could not read Docker's events" in r.stderr
+    # outside systemd (no invocation ID) nothing can tell: 0 stays 0
+    r = helper(*base, "--docker", str(quiet / "docker"), "--", "/bin/true",
+               env={k: v for k, v in env.items() if k != "INVOCATION_ID"})
+    assert r.returncode == 0
+
+
 def test_stop_treats_a_vanished_container_as_stopped(tmp_path):
     gone = fake_bin(tmp_path / "a", "docker", "echo 'Error response from daemon: No such container: c' >&2; exit 1\n")
     r = helper("stop", "--", str(gone / "docker"), "stop", "-t", "30", "c")
@@ -300,7 +330,8 @@ esac
 FAKE_CURL = """\
 s="%(d)s"
 case "$*" in
-  */metrics*) echo 'vllm:num_requests_running{model_name="m"} '"$(cat "$s/running")" ;;
+  */metrics*) echo 'vllm:num_requests_running{model_name="m"} '"$(cat "$s/running")"
+              echo 'vllm:num_requests_waiting{model_name="m"} '"$(cat "$s/waiting")" ;;
   */health*) exit 0 ;;
 esac
 """
@@ -313,17 +344,19 @@ def fixture_rendered(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("state, running, rc, restarts", [
-    ("active", "0", 0, "try-restart --no-block sparkops-serve.service\n"),   # idle: once
-    ("active", "1", 75, None),                                           # busy: gives up at the bound
-    ("inactive", "0", 0, None),                                          # stopped: left stopped
+@pytest.mark.parametrize("state, running, waiting, rc, restarts", [
+    ("active", "0", "0", 0, "try-restart --no-block sparkops-serve.service\n"),   # idle: once
+    ("active", "1", "0", 75, None),                                      # busy: gives up at the bound
+    ("active", "0", "2", 75, None),                                      # queued requests: busy too
+    ("inactive", "0", "0", 0, None),                                     # stopped: left stopped
 ])
-def test_recycle_script(rendered, tmp_path, state, running, rc, restarts):
+def test_recycle_script(rendered, tmp_path, state, running, waiting, rc, restarts):  # pylint: disable=too-many-arguments
     d = tmp_path / "fake"
     d.mkdir()
     (d / "state").write_text(state + "\n")
     (d / "invocation").write_text("old\n")
     (d / "running").write_text(running + "\n")
+    (d / "waiting").write_text(waiting + "\n")
     fake_bin(tmp_path, "systemctl", FAKE_SYSTEMCTL % {"d": d})
     bindir = fake_bin(tmp_path, "curl", FAKE_CURL % {"d": d})
     env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]),
@@ -334,7 +367,9 @@ def test_recycle_script(rendered, tmp_path, state, running, rc, restarts):
     assert r.returncode == rc, r.stdout + r.stderr
     assert (d / "restarts").read_text() == restarts if restarts else not (d / "restarts").exists()
     if rc == 75:
-        assert time.monotonic() - t0 >= 2 and "untouched" in r.stderr
+        # it waited for the bound, not gave up at once: the script counts whole seconds (date +%s),
+        # so a 2 s bound ends after more than 1 s of real time (1.95 s was seen on a busy machine)
+        assert time.monotonic() - t0 > 1 and "untouched" in r.stderr
 
 
 def test_a_bad_recycle_calendar_is_refused_naming_the_variable(tmp_path):

@@ -1,6 +1,5 @@
 """sparkops.appliance.ple_pack on small real checkpoints written by the safetensors library."""
 import fcntl
-import hashlib
 import json
 import os
 import struct
@@ -12,7 +11,7 @@ import pytest
 
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.sparkops.appliance.plugins.modules import ple_pack
-from ple_checkpoints import PLE, PLE_AUDIO, build_checkpoint, tensor, write_raw_shard, write_shard
+from ple_checkpoints import PLE, PLE_AUDIO, build_checkpoint, doc_digest, tensor, write_raw_shard, write_shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))))
@@ -53,6 +52,7 @@ def test_packed_tables_equal_the_source_and_are_aligned(tmp_path, ckpt, alignmen
     names = [t["name"] for t in index["tables"]]
     assert names == [PLE, PLE_AUDIO]  # shard order, then byte order
     assert index["alignment"] == alignment and index["byte_order"] == "little"
+    assert (index["hash_scheme"], index["hash_chunk_bytes"]) == ("sha256-chunks", 16 * 1024 * 1024)
     assert 24 + len(json.dumps(index)) <= index["tables"][0]["offset"]
     previous_end = 0
     for t in index["tables"]:
@@ -60,7 +60,7 @@ def test_packed_tables_equal_the_source_and_are_aligned(tmp_path, ckpt, alignmen
         assert t["offset"] >= previous_end
         previous_end = t["offset"] + t["nbytes"]
         assert table_bytes(data, t) == raw[t["name"]]
-        assert t["sha256"] == hashlib.sha256(raw[t["name"]]).hexdigest()
+        assert t["digest"] == doc_digest(raw[t["name"]])
     assert len(data) == index["file_bytes"] == previous_end
     assert index["tables"][0]["dtype"] == "BF16" and index["tables"][0]["shape"] == [97, 40]
     assert index["tables"][1]["dtype"] == "F16" and index["tables"][1]["shape"] == [33, 17]
@@ -115,7 +115,7 @@ def test_idempotent_until_the_source_changes(tmp_path, ckpt):
     os.utime(str(shard), ns=(os.stat(str(shard)).st_atime_ns, os.stat(str(shard)).st_mtime_ns + 10 ** 9))
     third = ple_pack.pack(str(src), str(dest))
     assert third["changed"] is True and third["fingerprint"] != first["fingerprint"]
-    assert third["tables"][0]["sha256"] != first["tables"][0]["sha256"]
+    assert third["tables"][0]["digest"] != first["tables"][0]["digest"]
     # another alignment is another layout -> repacked
     fourth = ple_pack.pack(str(src), str(dest), alignment=8192)
     assert fourth["changed"] is True
@@ -189,7 +189,7 @@ def test_verify_rereads_the_sources_and_repacks_a_shard_rewritten_in_place(tmp_p
     assert fixed["source_changed"] == [{"table": PLE_AUDIO, "shard": shard.name}]
     data, index = parse_pack(str(dest))
     assert table_bytes(data, index["tables"][1]) == new
-    assert index["tables"][1]["sha256"] == hashlib.sha256(new).hexdigest()
+    assert index["tables"][1]["digest"] == doc_digest(new)
     assert table_bytes(data, index["tables"][0]) == raw[PLE]
     assert leftovers(tmp_path) == []
     # and then it is up to date, with and without verify
@@ -213,8 +213,6 @@ def test_verify_streams_the_sources_through_a_bounded_buffer(tmp_path, monkeypat
         reads.append(sum(len(b) for b in buffers))
         return real_preadv(fd, buffers, offset)
     monkeypatch.setattr(st, "HASH_BUFFER_BYTES", 64 * 1024)
-    monkeypatch.setattr(ple_pack, "hash_range",
-                        lambda *a, **kw: st.hash_range(*a, buffer_bytes=64 * 1024, **kw))
     monkeypatch.setattr(st.os, "preadv", preadv)
     result = ple_pack.pack(str(src), str(dest), verify=True)
     assert result["verified"] is True and result["changed"] is False
@@ -444,13 +442,12 @@ def test_module_check_diff_then_real_then_again(tmp_path, ckpt, capsys):
     check = run_main(capsys, _ansible_check_mode=True, _ansible_diff=True, **args)
     assert check["changed"] is True and not dest.exists()
     assert check["diff"]["before"] == "" and PLE in check["diff"]["after"]
-    assert all(t["sha256"] is None for t in check["tables"])
+    assert all(t["digest"] is None for t in check["tables"])
     real = run_main(capsys, _ansible_diff=True, **args)
     assert real["changed"] is True and dest.exists()
     assert real["diff"] == check["diff"]
     assert oct(os.stat(str(dest)).st_mode & 0o777) == "0o640"
-    assert [t["sha256"] for t in real["tables"]] == \
-        [hashlib.sha256(raw[n]).hexdigest() for n in (PLE, PLE_AUDIO)]
+    assert [t["digest"] for t in real["tables"]] == [doc_digest(raw[n]) for n in (PLE, PLE_AUDIO)]
     for key in ("ple_bytes", "ple_gib", "weight_bytes", "file_bytes", "fingerprint"):
         assert real[key] == check[key], key
     again = run_main(capsys, _ansible_diff=True, **args)
@@ -531,15 +528,21 @@ def test_a_failed_copy_stops_the_hash_threads(tmp_path, ckpt, monkeypatch):
     from ansible_collections.sparkops.appliance.plugins.module_utils import _safetensors as st
     src, _raw = ckpt
     seen = []
-    real_hash = ple_pack.hash_range
+    real_hash = st.hash_range
 
     def slow_hash(*args, **kwargs):
         seen.append(kwargs.get("stop"))
         return real_hash(*args, **kwargs)
 
-    def broken_copy(self, *args):
-        raise OSError(5, "Input/output error")
-    monkeypatch.setattr(ple_pack, "hash_range", slow_hash)
+    real_copy = st.RangeCopier.copy
+    copies = []
+
+    def broken_copy(self, *args):  # the first table's chunk goes through, then the disk fails
+        copies.append(args)
+        if len(copies) > 1:
+            raise OSError(5, "Input/output error")
+        return real_copy(self, *args)
+    monkeypatch.setattr(st, "hash_range", slow_hash)
     monkeypatch.setattr(st.RangeCopier, "copy", broken_copy)
     with pytest.raises(ple_pack.PackError, match="Input/output error"):
         ple_pack.pack(str(src), str(tmp_path / "m.ple"))

@@ -1,0 +1,215 @@
+# -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: files
+short_description: Put several directories and small text files in place in one module call
+description:
+  - Brings a list of directories and text files to the given state in one call on the host. Each
+    directory exists with its owner, group and mode; each file holds exactly O(files[].content)
+    with its owner, group and mode. Entries are handled in the order given (list a directory
+    before the files in it).
+  - A role that writes a dozen small files (units, scripts, configuration) pays one connection
+    round trip for all of them instead of one or two per file, which is what a re-converge that
+    changes nothing mostly spends its time on. Render templates on the controller with
+    C(lookup('ansible.builtin.template', ...)) and static files with C(lookup('ansible.builtin.file', ...)).
+  - A file that differs is written to a temporary file in its own directory, given its owner,
+    group and mode, checked with O(files[].validate) when set, and renamed over the old one
+    (C(module.atomic_move)). A reader sees the old or the new file, never half of one; a file
+    that fails validation leaves the old one in place and fails the task naming the file.
+  - Nothing is written in check mode; the result tells what would change.
+version_added: 0.1.0
+author:
+  - sparkops contributors (@sparkops)
+attributes:
+  check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
+    support: full
+  idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
+    support: full
+options:
+  files:
+    description: The directories and files, in order.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      path:
+        description: Absolute path of the directory or file.
+        type: path
+        required: true
+      state:
+        description: C(directory) or C(file).
+        type: str
+        choices: [directory, file]
+        default: file
+      content:
+        description: The whole text of the file (UTF-8). Required for O(files[].state=file).
+        type: str
+      mode:
+        description: Permissions, as an octal string such as C("0644").
+        type: str
+        required: true
+      owner:
+        description: Owner name.
+        type: str
+        default: root
+      group:
+        description: Group name.
+        type: str
+        default: root
+      validate:
+        description:
+          - A command run on the new file before it replaces the old one; C(%s) stands for the
+            temporary file's path. A non-zero exit fails the task and leaves the old file.
+        type: str
+"""
+
+EXAMPLES = r"""
+- name: Write the unit and its helper (one call)
+  sparkops.appliance.files:
+    files:
+      - path: /usr/local/libexec/sparkops
+        state: directory
+        mode: "0755"
+      - path: /usr/local/libexec/sparkops/helper
+        content: "{{ lookup('ansible.builtin.file', 'helper') }}"
+        mode: "0755"
+      - path: /etc/systemd/system/example.service
+        content: "{{ lookup('ansible.builtin.template', 'example.service.j2') }}"
+        mode: "0644"
+        validate: systemd-analyze verify %s
+  register: written
+  notify: Restart example
+"""
+
+RETURN = r"""
+changed_paths:
+  description: The paths that were (or, in check mode, would be) created or changed, in order.
+  returned: always
+  type: list
+  elements: str
+  sample: [/etc/systemd/system/example.service]
+"""
+
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.text.converters import to_bytes, to_native
+
+
+def _read(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except (IOError, OSError):
+        return None
+
+
+def _attributes(module, entry, path):
+    return module.load_file_common_arguments({"path": path, "mode": entry["mode"], "owner": entry["owner"],
+                                              "group": entry["group"]})
+
+
+def _directory(module, entry, diffs):
+    path = entry["path"]
+    changed = False
+    if not os.path.isdir(path):
+        if os.path.lexists(path):
+            module.fail_json(msg="%s: not a directory (files[].state=directory); remove or move it first" % path)
+        changed = True
+        diffs.append({"before_header": path, "after_header": path, "before": "absent\n", "after": "directory\n"})
+        if module.check_mode:
+            return True
+        os.makedirs(path)
+    diff = {"before_header": path, "after_header": path}
+    changed = module.set_fs_attributes_if_different(_attributes(module, entry, path), changed, diff=diff) or changed
+    if diff.get("before") or diff.get("after"):
+        diffs.append(diff)
+    return changed
+
+
+def _file(module, entry, diffs):
+    path = entry["path"]
+    if entry["content"] is None:
+        module.fail_json(msg="%s: files[].content is required for a file (state=file)" % path)
+    if os.path.isdir(path):
+        module.fail_json(msg="%s: is a directory, not a file; remove or move it first" % path)
+    wanted = to_bytes(entry["content"], errors="surrogate_or_strict")
+    current = _read(path)
+    if current == wanted:
+        diff = {"before_header": path, "after_header": path}
+        changed = module.set_fs_attributes_if_different(_attributes(module, entry, path), False, diff=diff)
+        if changed:
+            diffs.append(diff)
+        return changed
+    diffs.append({"before_header": path, "after_header": path,
+                  "before": "" if current is None else to_native(current, errors="surrogate_or_replace"),
+                  "after": to_native(wanted, errors="surrogate_or_replace")})
+    if module.check_mode:
+        return True
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        module.fail_json(msg="%s: its directory %s does not exist (list it before the file, state=directory)" % (path, directory))
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(wanted)
+            handle.flush()
+            os.fsync(handle.fileno())
+        module.set_fs_attributes_if_different(_attributes(module, entry, tmp), True)
+        if entry["validate"]:
+            if "%s" not in entry["validate"]:
+                module.fail_json(msg="%s: files[].validate must contain %%s (the new file's path): %s" % (path, entry["validate"]))
+            rc, out, err = module.run_command(entry["validate"] % tmp)
+            if rc != 0:
+                module.fail_json(msg="%s: the new content fails validation (%s), the old file is kept: %s"
+                                 % (path, entry["validate"], (err or out).strip()[-2000:]), rc=rc)
+        module.atomic_move(tmp, path, unsafe_writes=False)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    # atomic_move keeps an existing file's mode and owner: set them from the entry again.
+    module.set_fs_attributes_if_different(_attributes(module, entry, path), True)
+    return True
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            files=dict(type="list", elements="dict", required=True, options=dict(
+                path=dict(type="path", required=True),
+                state=dict(type="str", choices=["directory", "file"], default="file"),
+                content=dict(type="str"),
+                mode=dict(type="str", required=True),
+                owner=dict(type="str", default="root"),
+                group=dict(type="str", default="root"),
+                validate=dict(type="str"),
+            )),
+        ),
+        supports_check_mode=True,
+    )
+    changed_paths = []
+    diffs = []
+    for entry in module.params["files"]:
+        if not os.path.isabs(entry["path"]):
+            module.fail_json(msg="files[].path must be absolute: %s" % entry["path"])
+        handler = _directory if entry["state"] == "directory" else _file
+        if handler(module, entry, diffs):
+            changed_paths.append(entry["path"])
+    module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths, diff=diffs)
+
+
+if __name__ == "__main__":
+    main()

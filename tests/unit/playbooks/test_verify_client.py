@@ -1,0 +1,74 @@
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""verify.yml's client pieces: latency percentiles, the memory band check, the PNG plot."""
+import importlib.util
+import os
+import struct
+import zlib
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "playbooks", "files", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+client = load("verify_load")
+plotter = load("verify_plot")
+
+
+def rounds(used, total=100.0):
+    return [{"meminfo_gib": {"MemTotal": total, "MemAvailable": total - u, "MemFree": 10.0, "Cached": 5.0,
+                             "AnonPages": u - 2.0}} for u in used]
+
+
+def test_percentiles_nearest_rank_in_ms():
+    values = [i / 1000.0 for i in range(1, 101)]   # 1..100 ms
+    got = client.percentiles(values)
+    assert (got["p50_ms"], got["p90_ms"], got["p99_ms"], got["max_ms"], got["n"]) == (50.0, 90.0, 99.0, 100.0, 100)
+    assert client.percentiles([]) == {"n": 0}
+    assert client.percentiles([0.2])["p99_ms"] == 200.0
+
+
+@pytest.mark.parametrize("used, ok", [
+    ([20.0, 20.1, 19.9, 20.05, 20.0], True),          # noise inside the band
+    ([20.0, 21.0, 20.1, 20.0, 20.1], True),           # one spike that comes back
+    ([20.0, 20.1, 20.2, 20.3, 20.4], True),           # rising, but 0.4 GiB < 0.5 GiB band
+    ([20.0, 20.4, 20.8, 21.2, 21.6], False),          # keeps growing past the band: a leak
+    ([20.0, 20.5, 21.0, 20.9, 21.5], False),          # 3 of 4 steps rising, 1.5 GiB
+    ([20.0, 21.5], False),
+    ([20.0], True),
+    ([20.0, 22.0, 22.0, 22.0, 22.0], True),           # one step (a warm-up allocation), then flat
+    ([20.0, 20.6, 20.5, 21.1, 21.0, 21.6], False),    # a leak with noisy steps down in between
+])
+def test_band_check_fails_only_when_memory_keeps_growing(used, ok):
+    result = client.band_check(rounds(used), 0.5)
+    assert result["ok"] is ok, result
+    if not ok:
+        assert "grew" in result["reason"] and "band 0.500 GiB" in result["reason"]
+
+
+def test_band_check_fails_on_the_lab_leak_with_a_noisy_step():
+    """Measured in the rollout scenario (1 GiB per round stand-in, a busy shared machine): the old
+    rule (three quarters of the steps rising) passed it, as one step went down by 0.08 GiB."""
+    result = client.band_check(rounds([8.613, 10.550, 10.466, 11.327]), 1.5)
+    assert result["ok"] is False and result["trend_gib"] > 1.5, result
+
+
+def test_plot_is_a_valid_png_with_the_legend_colours():
+    # the layout verify.yml writes: the client's output under "load"
+    report = {"host": "h", "load": {"rounds": rounds([20.0, 20.5, 21.0, 21.5]), "band": {"band_gib": 0.5}}}
+    data = plotter.plot(report)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (plotter.WIDTH, plotter.HEIGHT)
+    idat = data.index(b"IDAT")
+    length = struct.unpack(">I", data[idat - 4:idat])[0]
+    raw = zlib.decompress(data[idat + 4:idat + 4 + length])
+    assert len(raw) == height * (1 + width * 3)
+    for colour in plotter.LEGEND.values():
+        assert bytes(colour) in raw, colour

@@ -1,0 +1,99 @@
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""rollout_batches: Ansible's serial sizes over rollout units; a TP=2 pair is never split."""
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.sparkops.appliance.plugins.filter.rollout_batches import batch_sizes, rollout_batches
+
+
+def fleet(singles, pairs=None, extra=None):
+    """hostvars and groups of an inventory like inventories/example: singles + pair groups."""
+    hostvars, groups = {}, {"all": [], "sparks": [], "singles": []}
+    for name in singles:
+        hostvars[name] = {"group_names": ["singles", "sparks"]}
+        groups["singles"].append(name)
+    for group, (head, worker) in (pairs or {}).items():
+        groups[group] = [head, worker]
+        hostvars[head] = {"group_names": [group, "sparks"], "cluster_role": "head"}
+        hostvars[worker] = {"group_names": [group, "sparks"], "cluster_role": "worker"}
+    for name, values in (extra or {}).items():
+        hostvars[name].update(values)
+    groups["sparks"] = list(hostvars)
+    groups["all"] = list(hostvars)
+    return hostvars, groups
+
+
+@pytest.mark.parametrize("serial, total, sizes", [
+    ([1, "25%"], 8, [1, 2]),
+    ([1, "25%"], 3, [1, 1]),
+    ([1, "25%"], 20, [1, 5]),
+    (2, 5, [2]),
+    ("50%", 5, [2]),
+    ("10%", 3, [1]),           # at least one host, like Ansible
+    (["1", " 30 % "], 10, [1, 3]),
+])
+def test_batch_sizes_follow_ansible_serial(serial, total, sizes):
+    assert batch_sizes(serial, total) == sizes
+
+
+@pytest.mark.parametrize("serial", [[], 0, "0%", "x", True, [1, "abc"], -1])
+def test_bad_serial_is_refused_naming_the_variable(serial):
+    with pytest.raises(AnsibleFilterError, match="rollout_serial"):
+        batch_sizes(serial, 4)
+
+
+def test_singles_canary_then_quarter():
+    hosts = ["s%d" % i for i in range(1, 9)]
+    hostvars, groups = fleet(hosts)
+    assert rollout_batches(hosts, hostvars, groups, [1, "25%"]) == [
+        ["s1"], ["s2", "s3"], ["s4", "s5"], ["s6", "s7"], ["s8"]]
+
+
+def test_three_lab_sparks_one_at_a_time():
+    hosts = ["r1", "r2", "r3"]
+    hostvars, groups = fleet(hosts)
+    assert rollout_batches(hosts, hostvars, groups, [1, "25%"]) == [["r1"], ["r2"], ["r3"]]
+
+
+def test_the_example_inventory_keeps_the_pair_whole():
+    hosts = ["spark-01", "spark-02", "spark-03", "spark-pa-head", "spark-pa-worker"]
+    hostvars, groups = fleet(hosts[:3], {"pair_a": ("spark-pa-head", "spark-pa-worker")})
+    batches = rollout_batches(hosts, hostvars, groups, [1, "25%"])
+    assert batches == [["spark-01"], ["spark-02"], ["spark-03"], ["spark-pa-head", "spark-pa-worker"]]
+
+
+@pytest.mark.parametrize("serial", [[1, "25%"], 1, 2, 3, "50%", [1, 2, 3], [2, 1]])
+@pytest.mark.parametrize("order", [
+    ["a-head", "s1", "a-worker", "s2", "b-worker", "s3", "b-head", "s4"],
+    ["s1", "s2", "a-head", "b-head", "a-worker", "b-worker", "s3", "s4"],
+])
+def test_a_pair_is_never_split_and_every_host_rolls_once(serial, order):
+    hostvars, groups = fleet(["s1", "s2", "s3", "s4"], {"pair_a": ("a-head", "a-worker"), "pair_b": ("b-head", "b-worker")})
+    batches = rollout_batches(order, hostvars, groups, serial)
+    flat = [h for batch in batches for h in batch]
+    assert sorted(flat) == sorted(order) and len(flat) == len(order)
+    for head, worker in (("a-head", "a-worker"), ("b-head", "b-worker")):
+        assert [b for b in batches if head in b] == [b for b in batches if worker in b]
+    sizes = batch_sizes(serial, len(order))
+    for i, batch in enumerate(batches):
+        size = sizes[min(i, len(sizes) - 1)]
+        # over the size only when a single unit is larger than it (a pair in a batch of 1)
+        assert len(batch) <= max(size, 2)
+
+
+def test_a_pair_as_canary_makes_a_canary_batch_of_two():
+    hosts = ["a-head", "a-worker", "s1", "s2"]
+    hostvars, groups = fleet(["s1", "s2"], {"pair_a": ("a-head", "a-worker")})
+    assert rollout_batches(hosts, hostvars, groups, [1, "25%"]) == [["a-head", "a-worker"], ["s1"], ["s2"]]
+
+
+def test_rollout_unit_groups_hosts_explicitly():
+    hosts = ["s1", "s2", "s3", "s4"]
+    hostvars, groups = fleet(hosts, extra={"s1": {"rollout_unit": "rack1"}, "s3": {"rollout_unit": "rack1"}})
+    assert rollout_batches(hosts, hostvars, groups, [2]) == [["s1", "s3"], ["s2", "s4"]]
+
+
+def test_a_pair_without_its_group_is_refused():
+    hostvars, groups = fleet(["s1"], extra={"s1": {"cluster_role": "head"}})
+    with pytest.raises(AnsibleFilterError, match="s1 has cluster_role 'head' but no inventory group holds its pair"):
+        rollout_batches(["s1"], hostvars, groups, 1)

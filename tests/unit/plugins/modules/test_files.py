@@ -1,0 +1,102 @@
+"""sparkops.appliance.files run as Ansible runs it (ansible localhost -m ...), on paths the tests make."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+
+def run_module(entries, check=False, diff=False):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    cmd = ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
+           "-m", "sparkops.appliance.files", "-a", json.dumps({"files": entries})]
+    cmd += ["--check"] if check else []
+    cmd += ["--diff"] if diff else []
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+def entries(tmp_path, unit="[Unit]\nDescription=x\n", script_mode="0755"):
+    base = tmp_path / "etc" / "x"
+    return [{"path": str(base), "state": "directory", "mode": "0750"},
+            {"path": str(base / "x.service"), "content": unit, "mode": "0644"},
+            {"path": str(base / "helper"), "content": "#!/bin/sh\nexit 0\n", "mode": script_mode}]
+
+
+def state(tmp_path):
+    out = {}
+    for dirpath, _dirs, names in os.walk(tmp_path):
+        for name in [""] + names:
+            path = os.path.join(dirpath, name)
+            st = os.stat(path)
+            out[path] = (oct(st.st_mode & 0o7777), st.st_ino, st.st_mtime_ns,
+                         open(path, "rb").read() if os.path.isfile(path) else None)
+    return out
+
+
+def test_creates_then_changes_nothing(tmp_path):
+    first = run_module(entries(tmp_path))
+    assert first["changed"] is True and len(first["changed_paths"]) == 3
+    base = tmp_path / "etc" / "x"
+    assert oct(os.stat(base).st_mode & 0o777) == "0o750"
+    assert (base / "x.service").read_text() == "[Unit]\nDescription=x\n"
+    assert oct(os.stat(base / "helper").st_mode & 0o777) == "0o755"
+    before = state(tmp_path)
+    again = run_module(entries(tmp_path))
+    assert again["changed"] is False and again["changed_paths"] == []
+    assert state(tmp_path) == before
+
+
+def test_one_changed_file_is_replaced_whole_and_only_it(tmp_path):
+    run_module(entries(tmp_path))
+    base = tmp_path / "etc" / "x"
+    helper = os.stat(base / "helper")
+    old_inode = os.stat(base / "x.service").st_ino
+    result = run_module(entries(tmp_path, unit="[Unit]\nDescription=y\n"), diff=True)
+    assert result["changed_paths"] == [str(base / "x.service")]
+    assert (base / "x.service").read_text() == "[Unit]\nDescription=y\n"
+    assert os.stat(base / "x.service").st_ino != old_inode      # renamed over, not rewritten in place
+    assert os.stat(base / "helper").st_mtime_ns == helper.st_mtime_ns
+    assert "Description=y" in json.dumps(result["diff"])
+    assert [n for n in os.listdir(base) if n.startswith(".")] == []   # no temp file left
+
+
+def test_a_mode_only_change_is_applied(tmp_path):
+    run_module(entries(tmp_path))
+    result = run_module(entries(tmp_path, script_mode="0700"))
+    assert result["changed_paths"] == [str(tmp_path / "etc" / "x" / "helper")]
+    assert oct(os.stat(tmp_path / "etc" / "x" / "helper").st_mode & 0o777) == "0o700"
+
+
+def test_check_mode_tells_and_writes_nothing(tmp_path):
+    result = run_module(entries(tmp_path), check=True)
+    assert result["changed"] is True and len(result["changed_paths"]) == 3
+    assert not (tmp_path / "etc").exists()
+    run_module(entries(tmp_path))
+    before = state(tmp_path)
+    result = run_module(entries(tmp_path, unit="[Unit]\nDescription=z\n", script_mode="0700"), check=True)
+    assert len(result["changed_paths"]) == 2
+    assert state(tmp_path) == before
+
+
+def test_a_file_failing_validation_keeps_the_old_one_and_names_it(tmp_path):
+    run_module(entries(tmp_path))
+    base = tmp_path / "etc" / "x"
+    bad = entries(tmp_path, unit="broken\n")
+    bad[1]["validate"] = "grep -q '^\\[Unit\\]' %s"
+    result = run_module(bad)
+    assert result.get("failed") is True
+    assert str(base / "x.service") in result["msg"] and "fails validation" in result["msg"]
+    assert (base / "x.service").read_text() == "[Unit]\nDescription=x\n"
+    assert [n for n in os.listdir(base) if n.startswith(".")] == []
+    good = entries(tmp_path, unit="[Unit]\nDescription=v\n")
+    good[1]["validate"] = "grep -q '^\\[Unit\\]' %s"
+    assert run_module(good)["changed_paths"] == [str(base / "x.service")]
+
+
+def test_a_file_without_its_directory_or_content_is_refused(tmp_path):
+    result = run_module([{"path": str(tmp_path / "no" / "f"), "content": "x", "mode": "0644"}])
+    assert result.get("failed") is True and "does not exist" in result["msg"]
+    result = run_module([{"path": str(tmp_path / "f"), "mode": "0644"}])
+    assert result.get("failed") is True and "content is required" in result["msg"]

@@ -1,0 +1,48 @@
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The checkpoint role's peer source checks its precondition first: this host must log in to the
+peer by SSH key. Here nothing answers SSH on the peer address (127.0.0.1 on a port nobody
+listens on), so the run stops with a message that names the variables and the fix, before the
+checkpoint directory exists."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs an ssh client")
+def test_an_untrusted_peer_stops_the_run_naming_the_fix_before_any_change(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+                         "hosts": {"spark-b": {}, "spark-a": {}}}}
+    (tmp_path / "hosts.json").write_text(json.dumps(inventory))
+    (tmp_path / "pb.yml").write_text(yaml.safe_dump([{
+        "hosts": "spark-b", "gather_facts": False,
+        "vars": {"checkpoint_source": "peer", "checkpoint_peer_host": "spark-a", "checkpoint_peer_address": "127.0.0.1",
+                 "checkpoint_peer_ssh_opts": "-p %d -o UserKnownHostsFile=/dev/null" % free_port(), "checkpoint_dir": str(ckpt),
+                 "checkpoint_peer_dir": str(tmp_path / "peer")},
+        "roles": ["sparkops.appliance.checkpoint"]}]))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "hosts.json"), str(tmp_path / "pb.yml")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode != 0
+    failed = [(t["task"]["name"], h) for t in json.loads(proc.stdout)["plays"][0]["tasks"] for h in t["hosts"].values() if h.get("failed")]
+    assert [name.split(" : ")[-1] for name, _h in failed] == ["Checkpoint | the peer does not accept this host"]
+    msg = failed[0][1]["msg"]
+    for words in ("checkpoint_peer_user (root)", "checkpoint_peer_address (127.0.0.1)", "authorized_keys on spark-a",
+                  "Connection refused", "Nothing was changed"):
+        assert words in msg, msg
+    assert not ckpt.exists()
