@@ -1,4 +1,4 @@
-"""Two lab Sparks as one TP=2 server (issue 11): a real 2-node Ray cluster, the head's vLLM serving
+"""Two lab Sparks as one TP=2 server (SPEC §8): a real 2-node Ray cluster, the head's vLLM serving
 with TP=2 over Ray, Ray's listeners on the interconnect, and the failure path (a stopped worker
 ends the head's server, a converge names it, starting it again serves again with no manual step)."""
 import json
