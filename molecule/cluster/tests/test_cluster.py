@@ -77,8 +77,9 @@ def test_head_serves_tp2_over_ray_and_vllm_parses_the_line(host):
     unit = host.file("/etc/systemd/system/sparkops-serve.service").content_string
     flat = " ".join(unit.replace("\\\n", " ").split())
     assert "--tensor-parallel-size 2 --distributed-executor-backend ray" in flat
-    args = flat.split("ExecStart=", 1)[1].split(" sparkops/lab-vllm-cpu:", 1)[1].split(" ", 1)[1].split(" ExecStop")[0]
-    image = "sparkops/lab-vllm-cpu:" + flat.split(" sparkops/lab-vllm-cpu:", 1)[1].split(" ", 1)[0]
+    repo = " sparkops/molecule-cluster-runtime:"   # the scenario's runtime_image_repo
+    args = flat.split("ExecStart=", 1)[1].split(repo, 1)[1].split(" ", 1)[1].split(" ExecStop")[0]
+    image = repo.strip() + flat.split(repo, 1)[1].split(" ", 1)[0]
     with open(CHECKER, encoding="utf-8") as f:
         r = subprocess.run(["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", "python3", image, "-"]
                            + args.split(), input=f.read(), capture_output=True, text=True, timeout=600, check=False)
