@@ -32,7 +32,7 @@ ALLOWED = {
     "spark_serve_container_name", "serve_docker_network", "serve_engine_root_container",
     "spark_ray_container_name", "cluster_docker_network", "cluster_engine_root_container",
     # one kernel (the machine's) for every lab Spark: --ipc host would give a pair's two nodes one /dev/shm
-    "cluster_ipc", "serve_ipc",
+    "cluster_ipc", "cluster_shm_size", "serve_ipc",
 }
 
 
