@@ -175,7 +175,7 @@ def test_ray_env_pins_every_transport_and_keeps_the_memory_defaults(tmp_path):
     assert {"VLLM_HOST_IP=10.10.0.2", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "GLOO_SOCKET_IFNAME=enp1s0f1np1",
             "UCX_NET_DEVICES=enp1s0f1np1", "NCCL_IB_HCA=rocep1s0f1", "NCCL_BUFFSIZE=16777216",
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-            "LD_PRELOAD=/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"} <= lines
+            "LD_PRELOAD=/usr/lib/aarch64-linux-gnu/libjemalloc.so.2", "VLLM_RPC_BASE_PATH=/tmp/ray"} <= lines
     env = render(tmp_path, "cluster", "ray.env.j2", "spark-pa-worker", spark_ib_hca="", cluster_nccl_buffsize=8388608)
     assert "NCCL_BUFFSIZE=8388608" in env and "NCCL_IB_HCA" not in env
 
@@ -190,6 +190,8 @@ def test_head_serve_unit_runs_tp2_over_ray_after_a_bounded_wait(tmp_path):
     assert "type=volume,src=sparkops-ray-tmp,dst=/tmp/ray --pid container:sparkops-ray" in unit
     env = render(tmp_path, "serve", "serve.env.j2", "spark-pa-head", serve_image="x:y")
     assert "RAY_ADDRESS=10.10.0.1:6379" in env and "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env
+    # the driver's ZeroMQ ipc:// sockets where the head's Ray worker sees them (the shared session volume)
+    assert "VLLM_RPC_BASE_PATH=/tmp/ray" in env
 
 
 def test_single_spark_serve_unit_is_unchanged(tmp_path):
