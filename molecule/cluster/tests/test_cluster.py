@@ -75,10 +75,18 @@ def test_head_serves_tp2_over_ray_and_vllm_parses_the_line(host):
     if _name(host) != HEAD:
         pytest.skip("the head")
     unit = host.file("/etc/systemd/system/sparkops-serve.service").content_string
-    flat = " ".join(unit.replace("\\\n", " ").split())
+    # the ExecStart= line and its continuation lines only (comments and ExecStop= follow it)
+    lines = unit.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("ExecStart="))
+    command = []
+    for line in lines[start:]:
+        command.append(line.rstrip("\\").strip())
+        if not line.endswith("\\"):
+            break
+    flat = " ".join(" ".join(command).split())
     assert "--tensor-parallel-size 2 --distributed-executor-backend ray" in flat
     repo = " sparkops/molecule-cluster-runtime:"   # the scenario's runtime_image_repo
-    args = flat.split("ExecStart=", 1)[1].split(repo, 1)[1].split(" ", 1)[1].split(" ExecStop")[0]
+    args = flat.split(repo, 1)[1].split(" ", 1)[1]
     image = repo.strip() + flat.split(repo, 1)[1].split(" ", 1)[0]
     with open(CHECKER, encoding="utf-8") as f:
         r = subprocess.run(["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", "python3", image, "-"]
