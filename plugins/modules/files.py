@@ -61,11 +61,11 @@ options:
         type: str
         required: true
       owner:
-        description: Owner name.
+        description: Owner name; C("") leaves an existing path's owner as it is.
         type: str
         default: root
       group:
-        description: Group name.
+        description: Group name; C("") leaves an existing path's group as it is.
         type: str
         default: root
       validate:
@@ -119,8 +119,8 @@ def _read(path):
 
 
 def _attributes(module, entry, path):
-    return module.load_file_common_arguments({"path": path, "mode": entry["mode"], "owner": entry["owner"],
-                                              "group": entry["group"]})
+    return module.load_file_common_arguments({"path": path, "mode": entry["mode"], "owner": entry["owner"] or None,
+                                              "group": entry["group"] or None})
 
 
 def _directory(module, entry, diffs):
