@@ -11,22 +11,31 @@ import os
 import tempfile
 
 
-def write_text(module, path, text, mode=0o644):
-    """Write text to a temp file in path's directory, then module.atomic_move it over path.
+def write_bytes(module, path, data, mode=0o644, before_move=None):
+    """Write data to a temp file in path's directory, then module.atomic_move it over path.
 
     atomic_move renames within the directory (readers see the old or the new file, never half of
     one) and keeps an existing file's owner, mode and SELinux context; `mode` applies to a new file.
+    before_move(tmp), when given, runs on the complete temp file before the rename (set attributes,
+    validate; a fail_json there leaves the old file and no temp file).
     """
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         if not os.path.exists(path):
             os.chmod(tmp, mode)
+        if before_move is not None:
+            before_move(tmp)
         module.atomic_move(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_text(module, path, text, mode=0o644):
+    """write_bytes of text, UTF-8."""
+    write_bytes(module, path, text.encode("utf-8"), mode)

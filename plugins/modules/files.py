@@ -61,11 +61,11 @@ options:
         type: str
         required: true
       owner:
-        description: Owner name.
+        description: Owner name; C("") leaves an existing path's owner as it is.
         type: str
         default: root
       group:
-        description: Group name.
+        description: Group name; C("") leaves an existing path's group as it is.
         type: str
         default: root
       validate:
@@ -103,10 +103,11 @@ changed_paths:
 """
 
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_bytes, to_native
+
+from ansible_collections.sparkops.appliance.plugins.module_utils._files import write_bytes
 
 
 def _read(path):
@@ -118,8 +119,8 @@ def _read(path):
 
 
 def _attributes(module, entry, path):
-    return module.load_file_common_arguments({"path": path, "mode": entry["mode"], "owner": entry["owner"],
-                                              "group": entry["group"]})
+    return module.load_file_common_arguments({"path": path, "mode": entry["mode"], "owner": entry["owner"] or None,
+                                              "group": entry["group"] or None})
 
 
 def _directory(module, entry, diffs):
@@ -162,12 +163,8 @@ def _file(module, entry, diffs):
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
         module.fail_json(msg="%s: its directory %s does not exist (list it before the file, state=directory)" % (path, directory))
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(wanted)
-            handle.flush()
-            os.fsync(handle.fileno())
+
+    def before_move(tmp):
         module.set_fs_attributes_if_different(_attributes(module, entry, tmp), True)
         if entry["validate"]:
             if "%s" not in entry["validate"]:
@@ -176,10 +173,8 @@ def _file(module, entry, diffs):
             if rc != 0:
                 module.fail_json(msg="%s: the new content fails validation (%s), the old file is kept: %s"
                                  % (path, entry["validate"], (err or out).strip()[-2000:]), rc=rc)
-        module.atomic_move(tmp, path, unsafe_writes=False)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    write_bytes(module, path, wanted, before_move=before_move)
     # atomic_move keeps an existing file's mode and owner: set them from the entry again.
     module.set_fs_attributes_if_different(_attributes(module, entry, path), True)
     return True

@@ -116,14 +116,16 @@ class Handler(BaseHTTPRequestHandler):
                 b = f.read(min(1 << 18, limit - sent))
                 if not b:
                     break
+                # Counted before the write: a client that has read these bytes (and a test that
+                # asks right after it) finds them counted; counted after, they raced the client.
+                with st.lock:
+                    st.bytes[rel] = st.bytes.get(rel, 0) + len(b)
                 self.wfile.write(b)
                 sent += len(b)
                 if rate:
                     ahead = sent / rate - (time.monotonic() - began)
                     if ahead > 0:
                         time.sleep(ahead)
-        with st.lock:
-            st.bytes[rel] = st.bytes.get(rel, 0) + sent
         if drop is not None:
             self.wfile.flush()
             self.close_connection = True

@@ -6,6 +6,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
+
 def run_module(entries, check=False, diff=False):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
@@ -100,3 +101,15 @@ def test_a_file_without_its_directory_or_content_is_refused(tmp_path):
     assert result.get("failed") is True and "does not exist" in result["msg"]
     result = run_module([{"path": str(tmp_path / "f"), "mode": "0644"}])
     assert result.get("failed") is True and "content is required" in result["msg"]
+
+
+def test_an_empty_owner_leaves_the_owner_as_it_is(tmp_path):
+    """A folder another package owns (memwatch's textfile-collector folder): owner "" keeps it."""
+    folder = tmp_path / "textfile"
+    folder.mkdir()
+    os.chown(folder, 65534, 65534)
+    result = run_module([{"path": str(folder), "state": "directory", "mode": "0755", "owner": "", "group": ""}])
+    assert result.get("failed") is not True, result
+    assert (os.stat(folder).st_uid, os.stat(folder).st_gid) == (65534, 65534)
+    run_module([{"path": str(folder), "state": "directory", "mode": "0755"}])
+    assert os.stat(folder).st_uid == 0      # the default is root, as the roles' tasks had it
