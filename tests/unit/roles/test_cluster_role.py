@@ -98,10 +98,9 @@ def test_bad_pair_is_refused_naming_it(tmp_path, change, message):
 
 
 def test_a_pair_of_one_is_refused(tmp_path):
-    inv = {"all": {"children": {"sparks": {"hosts": {"h": {"cluster_name": "p", "cluster_role": "head",
-                                                          "spark_interconnect_ip": "10.0.0.1",
-                                                          "spark_interconnect_if": "eth1",
-                                                          "memory_plan_tensor_parallel_size": 2}}}}}}
+    host = {"cluster_name": "p", "cluster_role": "head", "spark_interconnect_ip": "10.0.0.1",
+            "spark_interconnect_if": "eth1", "memory_plan_tensor_parallel_size": 2}
+    inv = {"all": {"children": {"sparks": {"hosts": {"h": host}}}}}
     (tmp_path / "one.yml").write_text(json.dumps(inv))
     rc, msg = run_validate(tmp_path, tmp_path / "one.yml")
     assert rc != 0
