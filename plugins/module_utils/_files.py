@@ -11,13 +11,14 @@ import os
 import tempfile
 
 
-def write_bytes(module, path, data, mode=0o644, before_move=None):
+def write_bytes(module, path, data, mode=0o644, before_move=None, keep_dest_attrs=True):
     """Write data to a temp file in path's directory, then module.atomic_move it over path.
 
     atomic_move renames within the directory (readers see the old or the new file, never half of
-    one) and keeps an existing file's owner, mode and SELinux context; `mode` applies to a new file.
-    before_move(tmp), when given, runs on the complete temp file before the rename (set attributes,
-    validate; a fail_json there leaves the old file and no temp file).
+    one) and, with keep_dest_attrs, gives the new file an existing file's owner, mode and SELinux
+    context; `mode` applies to a new file. before_move(tmp), when given, runs on the complete temp
+    file before the rename (set attributes, validate; a fail_json there leaves the old file and no
+    temp file); attributes it sets survive the rename only with keep_dest_attrs=False.
     """
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
@@ -30,7 +31,7 @@ def write_bytes(module, path, data, mode=0o644, before_move=None):
             os.chmod(tmp, mode)
         if before_move is not None:
             before_move(tmp)
-        module.atomic_move(tmp, path)
+        module.atomic_move(tmp, path, keep_dest_attrs=keep_dest_attrs)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -143,8 +143,6 @@ def _directory(module, entry, diffs):
 
 def _file(module, entry, diffs):
     path = entry["path"]
-    if entry["content"] is None:
-        module.fail_json(msg="%s: files[].content is required for a file (state=file)" % path)
     if os.path.isdir(path):
         module.fail_json(msg="%s: is a directory, not a file; remove or move it first" % path)
     wanted = to_bytes(entry["content"], errors="surrogate_or_strict")
@@ -165,17 +163,17 @@ def _file(module, entry, diffs):
         module.fail_json(msg="%s: its directory %s does not exist (list it before the file, state=directory)" % (path, directory))
 
     def before_move(tmp):
+        # the temp file gets the entry's owner, group and mode, which the rename keeps
+        # (keep_dest_attrs=False): a replaced 0600 file is never readable by others, not even briefly
         module.set_fs_attributes_if_different(_attributes(module, entry, tmp), True)
         if entry["validate"]:
-            if "%s" not in entry["validate"]:
-                module.fail_json(msg="%s: files[].validate must contain %%s (the new file's path): %s" % (path, entry["validate"]))
             rc, out, err = module.run_command(entry["validate"] % tmp)
             if rc != 0:
                 module.fail_json(msg="%s: the new content fails validation (%s), the old file is kept: %s"
                                  % (path, entry["validate"], (err or out).strip()[-2000:]), rc=rc)
 
-    write_bytes(module, path, wanted, before_move=before_move)
-    # atomic_move keeps an existing file's mode and owner: set them from the entry again.
+    write_bytes(module, path, wanted, before_move=before_move, keep_dest_attrs=False)
+    # atomic_move gives a file it creates the umask's mode: set the entry's again.
     module.set_fs_attributes_if_different(_attributes(module, entry, path), True)
     return True
 
@@ -195,11 +193,17 @@ def main():
         ),
         supports_check_mode=True,
     )
-    changed_paths = []
-    diffs = []
+    # Every entry's inputs are checked before any path is touched.
     for entry in module.params["files"]:
         if not os.path.isabs(entry["path"]):
             module.fail_json(msg="files[].path must be absolute: %s" % entry["path"])
+        if entry["state"] == "file" and entry["content"] is None:
+            module.fail_json(msg="%s: files[].content is required for a file (state=file)" % entry["path"])
+        if entry["validate"] and "%s" not in entry["validate"]:
+            module.fail_json(msg="%s: files[].validate must contain %%s (the new file's path): %s" % (entry["path"], entry["validate"]))
+    changed_paths = []
+    diffs = []
+    for entry in module.params["files"]:
         handler = _directory if entry["state"] == "directory" else _file
         if handler(module, entry, diffs):
             changed_paths.append(entry["path"])

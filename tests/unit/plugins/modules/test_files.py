@@ -113,3 +113,14 @@ def test_an_empty_owner_leaves_the_owner_as_it_is(tmp_path):
     assert (os.stat(folder).st_uid, os.stat(folder).st_gid) == (65534, 65534)
     run_module([{"path": str(folder), "state": "directory", "mode": "0755"}])
     assert os.stat(folder).st_uid == 0      # the default is root, as the roles' tasks had it
+
+
+def test_a_bad_entry_is_refused_before_any_path_is_touched(tmp_path):
+    """A later entry's bad input fails the task before an earlier entry is written."""
+    first = {"path": str(tmp_path / "made"), "state": "directory", "mode": "0755"}
+    for bad, words in (({"path": str(tmp_path / "f"), "content": "x", "mode": "0644", "validate": "true"}, "must contain %s"),
+                       ({"path": str(tmp_path / "f"), "mode": "0644"}, "content is required"),
+                       ({"path": "relative/f", "content": "x", "mode": "0644"}, "must be absolute")):
+        result = run_module([first, bad])
+        assert result.get("failed") is True and words in result["msg"], result
+        assert not (tmp_path / "made").exists()
