@@ -31,7 +31,7 @@ test: deps lab-model unit lint sanity molecule
 	@echo "make test: all suites passed"
 
 unit: deps
-	$(PYTHON) -m pytest -q tests/unit
+	$(PYTHON) -m pytest -q -n auto tests/unit   # one worker per core (pytest-xdist)
 
 lint: deps
 	ansible-lint --offline

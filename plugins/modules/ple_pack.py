@@ -212,7 +212,7 @@ import struct
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sparkops.appliance.plugins.module_utils._disk import filesystem_space
+from ansible_collections.sparkops.appliance.plugins.module_utils._disk import filesystem_space, tree_bytes
 from ansible_collections.sparkops.appliance.plugins.module_utils._ple_hash import (
     HASH_CHUNK_BYTES,
     HASH_SCHEME,
@@ -456,26 +456,6 @@ def verify_against_sources(path, index, tables):
         return source_changed, pack_bad
 
 
-def weight_bytes(checkpoint_dir, exclude=()):
-    """Bytes of the regular files under checkpoint_dir (symlinks followed, hidden entries skipped)."""
-    excluded = set(os.path.realpath(p) for p in exclude)
-    total = 0
-    for root, dirs, files in os.walk(checkpoint_dir):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            if name.startswith(".") or name.endswith(TEMP_SUFFIX):
-                continue
-            path = os.path.join(root, name)
-            if os.path.realpath(path) in excluded:
-                continue
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            total += st.st_size
-    return total
-
-
 def _temp_glob(dest):
     directory, base = os.path.split(dest)
     return os.path.join(glob.escape(directory), "." + glob.escape(base) + ".*" + TEMP_SUFFIX)
@@ -641,7 +621,7 @@ def pack(checkpoint_dir, dest, name_patterns=None, alignment=4096, verify=False,
         "copy_method": None,
         "removed_temp_files": [],
     }
-    wb = weight_bytes(checkpoint_dir, exclude=[dest])
+    wb = tree_bytes(checkpoint_dir, exclude=[dest])  # the temporary pack is hidden: skipped too
     result["weight_bytes"] = wb
     result["weight_gib"] = round(wb / GIB, 6)
 

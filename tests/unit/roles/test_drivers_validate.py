@@ -71,3 +71,40 @@ def test_defaults_and_a_mirror_pass(tmp_path):
                                        "drivers_apt_sources": [{"name": "mirror", "line": "deb [trusted=yes] file:/srv/m ./",
                                                                 "key_url": "file:///srv/m/key.asc"}]})
     assert (rc, messages) == (0, "")
+
+
+ROLE_PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Remember which roles' inputs are checked (as site.yml's first play does)
+      ansible.builtin.set_fact:
+        __sparkops_checked_roles: {checked}
+    - name: The role, as a later play of site.yml applies it
+      ansible.builtin.include_role:
+        name: sparkops.appliance.drivers
+"""
+
+
+@pytest.mark.parametrize("checked, refused", [
+    ("[]", True),                                                          # the role alone checks its inputs
+    ("['sparkops.appliance.memory_plan', 'sparkops.appliance.serve']", True),  # rollout.yml's list: not this role
+    ("['sparkops.appliance.host_tuning', 'sparkops.appliance.drivers']", False),  # site.yml checked them already
+])
+def test_the_role_skips_its_own_checks_only_when_the_first_play_made_them(tmp_path, checked, refused):
+    (tmp_path / "play.yml").write_text(ROLE_PLAY.format(checked=checked))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    # drivers_manage false: past its checks the role only says so (nothing on this host changes).
+    extra = {"drivers_manage": False, "drivers_force": "false"}
+    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
+           "-e", json.dumps(extra), str(tmp_path / "play.yml")]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    tasks = {t["task"]["name"]: t["hosts"]["localhost"] for t in json.loads(proc.stdout)["plays"][0]["tasks"]}
+    if refused:
+        assert proc.returncode != 0
+        assert "drivers_force must be a YAML boolean" in proc.stdout
+    else:
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert tasks["sparkops.appliance.drivers : Check the inputs"].get("skipped") is True
+        assert "is not managed on localhost" in tasks["sparkops.appliance.drivers : Say that the GPU stack is not managed on this host"]["msg"]
