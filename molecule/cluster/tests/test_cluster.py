@@ -1,5 +1,5 @@
 """Two lab Sparks as one TP=2 server (SPEC §8): a real 2-node Ray cluster, the head's vLLM serving
-with TP=2 over Ray, Ray's listeners on the interconnect, and the failure path (a stopped worker
+with TP=2 over Ray, Ray's ports answering on the interconnect only, and the failure path (a stopped worker
 ends the head's server, a converge names it, starting it again serves again with no manual step)."""
 import json
 import os
@@ -95,19 +95,57 @@ def test_head_serves_tp2_over_ray_and_vllm_parses_the_line(host):
     assert '"accepted": true' in r.stdout
 
 
-def test_ray_listens_on_the_interconnect_only(host):
-    """Every TCP listener of the Ray container is on the interconnect address or loopback.
-    Ray 2.60 binds GCS, raylet, object manager and workers to 0.0.0.0 whatever --node-ip-address
-    says (measured; docs/cluster.md): this test says so until Ray or a firewall rule changes it."""
+MGMT = {HEAD: "172.31.252.11", WORKER: "172.31.252.12"}   # molecule.yml: the management network (eth1)
+PROBE = """
+import socket, sys
+s = socket.socket()
+s.settimeout(3)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2])))
+    print("open")
+except socket.timeout:
+    print("no answer")
+except OSError as e:
+    print("refused" if e.errno == 111 else "error %s" % e)
+"""
+
+
+def _probe(from_node, address, port):
+    """Connect from a lab Spark (its network namespace is its Ray container's) to address:port."""
+    r = subprocess.run(["docker", "exec", "-i", from_node, "python3", "-", address, str(port)], input=PROBE,
+                       capture_output=True, text=True, timeout=60, check=False)
+    return r.stdout.strip()
+
+
+def test_ray_answers_on_the_interconnect_only(host):
+    """Ray 2.60 listens on 0.0.0.0 whatever --node-ip-address says (docs/cluster.md); the cluster
+    role's nftables table lets its ports answer only on the interconnect (eth0 here) and loopback.
+    Probed from the other node: the interconnect address answers, the management one does not,
+    while a port outside Ray's set on that management address does (so the path itself is up)."""
     name = _name(host)
+    other = WORKER if name == HEAD else HEAD
+    assert IPS[name] in host.check_output("ip -o -4 addr show dev eth0")      # eth0 is the interconnect
     out = host.check_output("docker exec %s-ray ss -ltnH" % name)
     local = [line.split()[3] for line in out.splitlines() if line.strip()]
-    wildcard = [a for a in local if a.startswith(("0.0.0.0:", "*:", "[::]:"))]
     others = [a for a in local if not a.startswith((IPS[name] + ":", "127.0.0.", "0.0.0.0:", "*:", "[::]:"))]
     assert others == []
     assert not any(a.endswith((":8265", ":52365")) for a in local)   # dashboard and job API are off
-    if wildcard:
-        pytest.xfail("Ray 2.60 binds to 0.0.0.0: %s" % wildcard)
+    table = host.check_output("nft list table inet sparkops_ray")
+    assert 'iifname != { "lo", "eth0" }' in table and "10002-10999" in table
+    port = 6379 if name == HEAD else 6380                                 # the GCS; the worker's raylet
+    assert any(a.endswith(":%d" % port) for a in local)
+    assert _probe(other, IPS[name], port) == "open"
+    assert _probe(other, MGMT[name], port) == "no answer"
+    control = host.run("systemd-run --unit sparkops-probe-6399 python3 -m http.server 6399 --bind 0.0.0.0")
+    assert control.rc == 0, control.stderr
+    try:
+        for _ in range(20):
+            if _probe(other, MGMT[name], 6399) == "open":
+                break
+            time.sleep(0.5)
+        assert _probe(other, MGMT[name], 6399) == "open"
+    finally:
+        host.run("systemctl stop sparkops-probe-6399")
 
 
 def test_completion_with_tp2_across_both_sparks(host):

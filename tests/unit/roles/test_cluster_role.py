@@ -8,6 +8,7 @@ the interconnect, the dashboard off, TP=2 over Ray and a bounded wait for both n
 a worker stops the Ray unit."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -215,3 +216,23 @@ def test_nodes_check_script_compiles():
     with open(path, encoding="utf-8") as f:
         compile(f.read(), path, "exec")
     assert textwrap.dedent("x") == "x"
+
+
+def test_ray_ports_answer_on_the_interconnect_and_loopback_only(tmp_path):
+    """Ray 2.60 listens on 0.0.0.0: the node's nftables table drops its ports on every other interface
+    (the Molecule cluster scenario probes it from a second network)."""
+    table = render(tmp_path, "cluster", "ray.nft.j2", "spark-pa-head")
+    rule = [line.strip() for line in table.splitlines() if "drop" in line]
+    assert rule == ['iifname != { "lo", "enp1s0f1np1" } tcp dport { 6379, 6380, 6381, 6382, 6383, 6384, 6385, '
+                    '10002-10999 } drop']
+    assert table.index("delete table inet sparkops_ray") < table.index("table inet sparkops_ray {")
+    nft = shutil.which("nft") or ("/usr/sbin/nft" if os.path.exists("/usr/sbin/nft") else None)
+    if nft:   # nft's own parser (check only: nothing is loaded); the Molecule scenario loads it for real
+        (tmp_path / "ray.nft").write_text(table)
+        r = subprocess.run([nft, "-c", "-f", str(tmp_path / "ray.nft")], capture_output=True, text=True, check=False)
+        assert r.returncode == 0, r.stderr
+    unit = render(tmp_path, "cluster", "ray.service.j2", "spark-pa-head")
+    starts = [line for line in unit.splitlines() if line.startswith("ExecStartPre=")]
+    assert starts[0] == "ExecStartPre=/usr/sbin/nft -f /etc/sparkops/sparkops-ray.nft"
+    off = render(tmp_path, "cluster", "ray.service.j2", "spark-pa-head", cluster_firewall=False)
+    assert "nft" not in off
