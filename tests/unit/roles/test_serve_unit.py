@@ -330,7 +330,10 @@ esac
 FAKE_CURL = """\
 s="%(d)s"
 case "$*" in
-  */metrics*) echo 'vllm:num_requests_running{model_name="m"} '"$(cat "$s/running")"
+  */metrics*) if [ "$(wc -l < "$s/running")" -gt 1 ]; then   # one reading per call; the last one stays
+                  head -n 1 "$s/running" > "$s/now"; tail -n +2 "$s/running" > "$s/rest"; mv "$s/rest" "$s/running"
+              else cp "$s/running" "$s/now"; fi
+              echo 'vllm:num_requests_running{model_name="m"} '"$(cat "$s/now")"
               echo 'vllm:num_requests_waiting{model_name="m"} '"$(cat "$s/waiting")" ;;
   */health*) exit 0 ;;
 esac
@@ -349,6 +352,10 @@ def fixture_rendered(tmp_path_factory):
     ("active", "1", "0", 75, None),                                      # busy: gives up at the bound
     ("active", "0", "2", 75, None),                                      # queued requests: busy too
     ("inactive", "0", "0", 0, None),                                     # stopped: left stopped
+    # one idle reading between busy ones (a request inside vLLM's API server counts in neither
+    # gauge): not idle until a second reading agrees
+    ("active", "3\n0\n2", "0", 75, None),
+    ("active", "3\n0\n0", "0", 0, "try-restart --no-block sparkops-serve.service\n"),
 ])
 def test_recycle_script(rendered, tmp_path, state, running, waiting, rc, restarts):  # pylint: disable=too-many-arguments
     d = tmp_path / "fake"
