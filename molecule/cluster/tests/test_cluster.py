@@ -139,7 +139,7 @@ def test_ray_answers_on_the_interconnect_only(host):
     control = host.run("systemd-run --unit sparkops-probe-6399 python3 -m http.server 6399 --bind 0.0.0.0")
     assert control.rc == 0, control.stderr
     try:
-        for _ in range(20):
+        for _attempt in range(20):
             if _probe(other, MGMT[name], 6399) == "open":
                 break
             time.sleep(0.5)
