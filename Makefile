@@ -26,12 +26,12 @@ lab: deps lab-model
 lab-down: deps
 	ansible-playbook -i $(LAB_INVENTORY) lab/lab.yml -e lab_state=absent
 
-## make test: everything CI runs. The unit tests, lint and sanity run while the lab images build
-## (on a fresh machine mostly downloads and disk, minutes CI's budget counts); each one's output is
-## printed whole when it ends. The Molecule scenarios need those images and run after.
+## make test: everything CI runs. The unit tests run while the lab images build (on a fresh machine
+## mostly downloads and disk, minutes CI's budget counts); each one's output is printed whole when it
+## ends. Lint, sanity and the Molecule scenarios (which need those images) run after, one at a time.
 test: deps
-	$(MAKE) --no-print-directory -j4 --output-sync=target unit lint sanity lab-model
-	$(MAKE) --no-print-directory molecule
+	$(MAKE) --no-print-directory -j2 --output-sync=target unit lab-model
+	$(MAKE) --no-print-directory lint sanity molecule
 	@echo "make test: all suites passed"
 
 unit: deps

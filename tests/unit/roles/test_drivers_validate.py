@@ -27,6 +27,7 @@ def validate(tmp_path, extra):
     cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
            "-e", json.dumps(extra), str(tmp_path / "play.yml")]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.stdout.strip(), "ansible-playbook printed no JSON (rc %d): %s" % (proc.returncode, proc.stderr[-3000:])
     out = json.loads(proc.stdout)
     failed = [(t["task"]["name"], h) for t in out["plays"][0]["tasks"] for h in t["hosts"].values() if h.get("failed")]
     messages = []
