@@ -52,9 +52,13 @@ def healthy(host):
     return host.run("curl -fsS --max-time 5 -o /dev/null %s/health" % BASE).rc == 0
 
 
+def journal(host, unit, since):
+    """The unit's journal messages since `since` (a now() stamp)."""
+    return host.check_output("journalctl -u %s --since '%s' -o cat --no-pager" % (unit, since))
+
+
 def journal_count(host, unit, since, pattern):
-    out = host.run("journalctl -u %s --since '%s' -o cat --no-pager" % (unit, since)).stdout
-    return sum(1 for line in out.splitlines() if line.startswith(pattern))
+    return sum(1 for line in journal(host, unit, since).splitlines() if line.startswith(pattern))
 
 
 def now(host):
@@ -189,7 +193,7 @@ def test_a_slow_crash_loop_stops_after_the_bounded_failed_starts(host):
         assert prop(host, SVC, "NRestarts") == "3"          # 2 failed restarts, the 3rd refused
         assert journal_count(host, SVC, since, "Started ") == 4
         assert elapsed > 3 * 7, elapsed
-        out = host.check_output("journalctl -u %s --since '%s' -o cat --no-pager" % (SVC, since))
+        out = journal(host, SVC, since)
         assert "3 consecutive starts of %s failed" % SVC in out
         # A start by hand begins a new count: it runs again.
         inv = prop(host, SVC, "InvocationID")
@@ -281,18 +285,18 @@ def test_recycle_waits_while_requests_run_and_gives_up_at_the_bound(host):
         # polled gently: each call here is an ansible run, CPU the lab's vLLM API server then lacks
         wait_for("the recycle to end", lambda: prop(host, RECYCLE, "ActiveState") in ("failed", "inactive"),
                  DRAIN_S + 300, step=3)
-        journal = host.check_output("journalctl -u %s --since '%s' -o cat --no-pager" % (RECYCLE, since))
-        assert prop(host, RECYCLE, "ActiveState") == "failed", "the recycle did not give up at its bound:\n" + journal
-        assert prop(host, RECYCLE, "ExecMainStatus") == "75", journal
+        log = journal(host, RECYCLE, since)
+        assert prop(host, RECYCLE, "ActiveState") == "failed", "the recycle did not give up at its bound:\n" + log
+        assert prop(host, RECYCLE, "ExecMainStatus") == "75", log
         # it gave up because requests ran, and said how many
-        assert re.search(r"still [1-9][0-9]* request\(s\) running or waiting after %d s" % DRAIN_S, journal), journal
+        assert re.search(r"still [1-9][0-9]* request\(s\) running or waiting after %d s" % DRAIN_S, log), log
         waited = (monotonic_us(host, RECYCLE, "ExecMainExitTimestamp")
                   - monotonic_us(host, RECYCLE, "ExecMainStartTimestamp")) / 1e6
         # The deadline is `date +%s` + the bound: whole seconds, so it may end up to 1 s early. Late:
         # a /metrics call may take its 10 s --max-time, and a starved machine stretches each step
         # (22 s seen with four CPU burners beside the lab); a recycle that waited for the load
         # instead would run until the test ends it, and the role's default bound is 900 s.
-        assert DRAIN_S - 1 <= waited < DRAIN_S + 45, (waited, journal)
+        assert DRAIN_S - 1 <= waited < DRAIN_S + 45, (waited, log)
         assert prop(host, SVC, "InvocationID") == inv, "the server was restarted under load"
         assert host.check_output("docker inspect -f '{{.Id}}' %s" % CONTAINER) == container
         assert journal_count(host, SVC, since, "Stopping ") == 0
@@ -358,8 +362,8 @@ def test_a_server_whose_engine_died_is_restarted(host):
     assert "killed" in r.stdout, (r.stdout, r.stderr)
     wait_for("systemd to restart the server", lambda: int(prop(host, SVC, "NRestarts")) > restarts, 180)
     assert prop(host, SVC, "InvocationID") != inv
-    journal = host.run("journalctl -u %s --since '%s' -o cat --no-pager" % (SVC, since)).stdout
-    assert "nothing asked it to stop" in journal, journal[-2000:]
+    log = journal(host, SVC, since)
+    assert "nothing asked it to stop" in log, log[-2000:]
     wait_for("the restarted server to answer /health", lambda: healthy(host), HEALTH_TIMEOUT_S, step=2)
     warm_up(host)
     assert prop(host, SVC, "ActiveState") == "active"
