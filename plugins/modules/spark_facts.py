@@ -45,6 +45,14 @@ options:
     description: The docker CLI program.
     type: str
     default: docker
+  python_modules:
+    description:
+      - Python modules to try to import with the interpreter Ansible runs modules with (the
+        Docker modules need C(requests)). A role that would install a missing one reads the
+        answer instead of paying a round trip of its own.
+    type: list
+    elements: str
+    default: [requests]
 attributes:
   check_mode:
     description: Runs the same in check mode; it never changes anything.
@@ -107,10 +115,16 @@ ansible_facts:
           lists (C(docker info); C(nvidia) once the NVIDIA Container Toolkit is registered).
       type: dict
       sample: {checked: true, reachable: true, server_version: "28.3.0", runtimes: [nvidia, runc], error: ""}
+    spark_python:
+      description:
+        - The interpreter that runs modules, and for each of O(python_modules) whether it imports.
+      type: dict
+      sample: {executable: /usr/bin/python3, modules: {requests: true}}
 """
 
 import json
 import platform
+import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.appliance.plugins.module_utils._disk import filesystem_space
@@ -173,6 +187,18 @@ def _docker(module, check, program):
     return result
 
 
+def _python(names):
+    modules = {}
+    for name in names:
+        try:
+            __import__(name)
+        except Exception:  # pylint: disable=broad-except - any failure means a module using it fails too
+            modules[name] = False
+        else:
+            modules[name] = True
+    return {"executable": sys.executable, "modules": modules}
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -182,6 +208,7 @@ def main():
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             check_docker=dict(type="bool", default=True),
             docker_bin=dict(type="str", default="docker"),
+            python_modules=dict(type="list", elements="str", default=["requests"]),
         ),
         supports_check_mode=True,
     )
@@ -201,6 +228,7 @@ def main():
         "spark_disk": _disk(p["disk_path"]),
         "spark_gpu": _gpu(module, p["check_gpu"], p["nvidia_smi"]),
         "spark_docker": _docker(module, p["check_docker"], p["docker_bin"]),
+        "spark_python": _python(p["python_modules"]),
     }
     module.exit_json(changed=False, ansible_facts=facts)
 

@@ -74,6 +74,11 @@ options:
     description: The memory plan (output of the C(sparkops.appliance.memory_plan) filter) to compare with.
     type: dict
     default: {}
+  report_path:
+    description:
+      - A file the caller keeps the plan-vs-actual report in. The module only tells whether it exists
+        (RV(report_exists)), so that the caller needs no round trip of its own to decide whether to write it.
+    type: path
 """
 
 EXAMPLES = r"""
@@ -147,6 +152,10 @@ actual:
     kv_cache_tokens: 2048
     num_blocks: 16
     block_size: 128
+report_exists:
+  description: Whether O(report_path) exists.
+  returned: when O(report_path) is set
+  type: bool
 table_lines:
   description:
     - Plan and actual side by side, one line each, after a title that names the figure that sized the KV pool
@@ -157,6 +166,7 @@ table_lines:
 """
 
 import datetime
+import os
 import re
 import time
 
@@ -408,6 +418,7 @@ def main():
             delay_s=dict(type="int", default=5),
             plan=dict(type="dict", default={}),
             kv_sizing=dict(type="str", default="gmu", choices=["gmu", "bytes"]),
+            report_path=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -415,6 +426,8 @@ def main():
     base = p["url"].rstrip("/")
     unit = Unit(module, p["unit"], max(1, p["journal_lines"])) if p["unit"] else None
     result = {"changed": False}
+    if p["report_path"]:
+        result["report_exists"] = os.path.exists(p["report_path"])
     props, base_restarts, invocation = {}, None, ""
     if unit:
         props = unit.show()

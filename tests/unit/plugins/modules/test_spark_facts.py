@@ -110,3 +110,11 @@ def test_runtimes_without_nvidia_and_an_unparsable_info(tmp_path, meminfo):
     fake_program(bin_dir, "docker", DOCKER.replace("info) echo", "info) echo not-json; echo"))
     docker = run_module({"meminfo_path": str(meminfo), "check_gpu": False}, path_prefix=str(bin_dir))["ansible_facts"]["spark_docker"]
     assert docker["runtimes"] == [] and "listed no runtimes" in docker["error"]
+
+
+def test_tells_which_python_modules_import(meminfo):
+    # runtime_image installs python3-requests only where this says the import fails
+    facts = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False,
+                        "python_modules": ["json", "sparkops_no_such_module"]})["ansible_facts"]
+    assert facts["spark_python"] == {"executable": sys.executable,
+                                     "modules": {"json": True, "sparkops_no_such_module": False}}

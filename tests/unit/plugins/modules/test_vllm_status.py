@@ -334,3 +334,17 @@ def test_a_healthy_server_passes_while_the_unit_runs(tmp_path, server):
     assert "not used" in [line for line in res["table_lines"] if line.startswith("gpu-memory-utilization")][0]
     assert res["unit_state"]["ActiveState"] == "active"
     assert not (unit / "journalctl.calls").exists()
+
+
+def test_tells_whether_the_report_file_exists(tmp_path, server):
+    # the serve role writes plan-vs-actual only when it is missing (or the server restarted)
+    server.healthy_after = 1
+    unit = stand_in_unit(tmp_path, [_show("active", "running", 0, "eee")], {})
+    report = tmp_path / "plan-vs-actual.json"
+    res, _took = run_module(_args(server, report_path=str(report)), unit)
+    assert res["healthy"] and res["report_exists"] is False, res
+    report.write_text("{}\n")
+    res, _took = run_module(_args(server, report_path=str(report)), unit)
+    assert res["report_exists"] is True, res
+    res, _took = run_module(_args(server), unit)
+    assert "report_exists" not in res
