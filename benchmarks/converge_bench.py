@@ -25,6 +25,7 @@ import ipaddress
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,7 @@ class Runner:
     def __init__(self, inv_dir, env):
         self.inv_dir = inv_dir
         self.env = env
+        self.last_cpu = 0.0     # CPU seconds (user + sys) of the last run and what it started, on this machine
 
     def playbook(self, book, *extra, project=ROOT, profile=False, check=True):
         env = dict(self.env, ANSIBLE_CONFIG=os.path.join(project, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
@@ -88,10 +90,13 @@ class Runner:
             env["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.posix.profile_tasks"
             env["PROFILE_TASKS_TASK_OUTPUT_LIMIT"] = "10"
             env["PROFILE_TASKS_SORT_ORDER"] = "descending"
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.monotonic()
         res = subprocess.run(["ansible-playbook", "-i", self.inv_dir, book] + list(extra), env=env, cwd=project,
                              capture_output=True, text=True, check=False)
         took = time.monotonic() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.last_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         out = res.stdout + res.stderr
         if check and res.returncode != 0:
             sys.stderr.write(out[-6000:])
@@ -151,15 +156,16 @@ def main():
         # recycle script holds it, so a run without it would rewrite that script (not a no-op).
         took, out = run.playbook(site, *SETTLE)
         print("first converge of %d Sparks: %.1f s (changed=%d)" % (len(hosts), took, changed_total(out)), flush=True)
-        times = {"facts": {2: [], a.sparks: []}, "noop": {2: [], a.sparks: []}}
+        times = {"facts": {2: [], a.sparks: []}, "noop": {2: [], a.sparks: []}, "cpu": {2: [], a.sparks: []}}
         for rnd in range(a.rounds):
             for count, limit in ((2, small), (a.sparks, big)):
                 took, _out = run.playbook(facts, "--limit", limit)
                 times["facts"][count].append(took)
                 took, out = run.playbook(site, "--limit", limit, *SETTLE)
                 times["noop"][count].append(took)
-                print("round %d, %d Sparks: facts %.1f s, no-op %.1f s (changed=%d)"
-                      % (rnd + 1, count, times["facts"][count][-1], took, changed_total(out)), flush=True)
+                times["cpu"][count].append(run.last_cpu)
+                print("round %d, %d Sparks: facts %.1f s, no-op %.1f s (changed=%d, controller CPU %.1f s)"
+                      % (rnd + 1, count, times["facts"][count][-1], took, changed_total(out), run.last_cpu), flush=True)
                 if changed_total(out):
                     print("  WARNING: the no-op run changed something:\n" + out[-3000:], flush=True)
         if a.profile:
@@ -186,6 +192,14 @@ def main():
         n2, nbig = med(times["noop"][2]), med(times["noop"][a.sparks])
         f2, fbig = med(times["facts"][2]), med(times["facts"][a.sparks])
         print("  no-op %d Sparks / 2 Sparks: %.2fx (target <= 1.5x); facts only: %.2fx" % (a.sparks, nbig / n2, fbig / f2))
+        # The lab's Sparks share this machine's cores with the controller: the no-op on N Sparks
+        # cannot take less wall time than its controller-side CPU spread over every core (the lab
+        # Sparks' own CPU, not counted here, comes on top).
+        cores = len(os.sched_getaffinity(0))
+        c2, cbig = med(times["cpu"][2]), med(times["cpu"][a.sparks])
+        print("  controller CPU of a no-op: 2 Sparks %.1f s, %d Sparks %.1f s; on %d cores the %d-Spark run "
+              "needs at least %.1f s wall = %.2fx the 2-Spark run" % (c2, a.sparks, cbig, cores, a.sparks,
+                                                                      cbig / cores, cbig / cores / n2))
     finally:
         if a.keep:
             print("kept: inventory %s (remove with: ansible-playbook -i %s %s -e lab_state=absent)" % (inv_dir, inv_dir, lab))
