@@ -160,6 +160,7 @@ def test_ray_head_unit_binds_the_interconnect_without_dashboard(tmp_path):
     assert "type=volume,src=sparkops-ray-tmp,dst=/tmp/ray" in unit
     assert "/srv/sparkops/models/my-model:/model:ro" in unit
     assert "Restart=always" in unit and "StartLimitIntervalSec=0" in unit
+    assert "\nTimeoutStopSec=60\n" in unit       # docker stop's grace (30) and 30 s for the removal
 
 
 def test_ray_worker_unit_joins_the_head_on_the_interconnect(tmp_path):
