@@ -14,6 +14,8 @@ import sys
 import pytest
 import yaml
 
+from ansible_json import stdout_json
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
@@ -39,7 +41,7 @@ def test_an_untrusted_peer_stops_the_run_naming_the_fix_before_any_change(tmp_pa
     proc = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "hosts.json"), str(tmp_path / "pb.yml")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode != 0
-    failed = [(t["task"]["name"], h) for t in json.loads(proc.stdout)["plays"][0]["tasks"] for h in t["hosts"].values() if h.get("failed")]
+    failed = [(t["task"]["name"], h) for t in stdout_json(proc)["plays"][0]["tasks"] for h in t["hosts"].values() if h.get("failed")]
     assert [name.split(" : ")[-1] for name, _h in failed] == ["Checkpoint | the peer does not accept this host"]
     msg = failed[0][1]["msg"]
     for words in ("checkpoint_peer_user (root)", "checkpoint_peer_address (127.0.0.1)", "authorized_keys on spark-a",

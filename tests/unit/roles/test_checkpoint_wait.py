@@ -4,12 +4,13 @@
 until/retries bounded by checkpoint_fetch_timeout_s, no include that includes itself, and a clear
 message when the bound runs out while the job still runs. Runs on the local host; the async job is
 a plain `sleep` standing in for the transfer."""
-import json
 import os
 import subprocess
 import sys
 
 import yaml
+
+from ansible_json import stdout_json
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 WAIT = os.path.join(ROOT, "roles", "checkpoint", "tasks", "wait.yml")
@@ -32,7 +33,7 @@ def run(tmp_path, job_s, timeout_s):
     proc = subprocess.run(["ansible-playbook", "-i", "localhost,", str(playbook)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     tasks = {}
-    for task in json.loads(proc.stdout)["plays"][0]["tasks"]:
+    for task in stdout_json(proc)["plays"][0]["tasks"]:
         tasks[task["task"]["name"].split(" : ")[-1]] = task["hosts"]["localhost"]
     return proc, tasks
 

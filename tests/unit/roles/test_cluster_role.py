@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+from ansible_json import stdout_json
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 EXAMPLE = os.path.join(ROOT, "inventories", "example")
 
@@ -50,7 +52,7 @@ def run_validate(tmp_path, inventory=EXAMPLE, hosts="sparks", extra=None):
     # site.yml validates after gathering facts (the jemalloc path names the architecture)
     cmd += ["-e", json.dumps(dict({"ansible_facts": {"architecture": "aarch64"}}, **(extra or {})))]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    out = json.loads(proc.stdout)
+    out = stdout_json(proc)
     messages = [h.get("msg", "") for p in out["plays"] for t in p["tasks"] for h in t["hosts"].values() if h.get("failed")]
     return proc.returncode, " | ".join(messages)
 

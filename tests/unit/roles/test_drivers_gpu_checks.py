@@ -7,6 +7,8 @@ import stat
 import subprocess
 import sys
 
+from ansible_json import stdout_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 PLAY = """
@@ -36,7 +38,7 @@ def run_checks(tmp_path, smi, container, extra=None):
     cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
            "-e", json.dumps(variables), str(tmp_path / "play.yml")]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    out = json.loads(proc.stdout)
+    out = stdout_json(proc)
     failed = [h.get("msg", "") for t in out["plays"][0]["tasks"] for h in t["hosts"].values() if h.get("failed")]
     args = (tmp_path / "docker.args").read_text() if (tmp_path / "docker.args").exists() else ""
     return proc.returncode, " | ".join(failed), args

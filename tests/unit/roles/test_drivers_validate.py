@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from ansible_json import stdout_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 PLAY = """
@@ -27,8 +29,7 @@ def validate(tmp_path, extra):
     cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
            "-e", json.dumps(extra), str(tmp_path / "play.yml")]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.stdout.strip(), "ansible-playbook printed no JSON (rc %d): %s" % (proc.returncode, proc.stderr[-3000:])
-    out = json.loads(proc.stdout)
+    out = stdout_json(proc)
     failed = [(t["task"]["name"], h) for t in out["plays"][0]["tasks"] for h in t["hosts"].values() if h.get("failed")]
     messages = []
     for _name, result in failed:
@@ -101,7 +102,7 @@ def test_the_role_skips_its_own_checks_only_when_the_first_play_made_them(tmp_pa
     cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
            "-e", json.dumps(extra), str(tmp_path / "play.yml")]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    tasks = {t["task"]["name"]: t["hosts"]["localhost"] for t in json.loads(proc.stdout)["plays"][0]["tasks"]}
+    tasks = {t["task"]["name"]: t["hosts"]["localhost"] for t in stdout_json(proc)["plays"][0]["tasks"]}
     if refused:
         assert proc.returncode != 0
         assert "drivers_force must be a YAML boolean" in proc.stdout

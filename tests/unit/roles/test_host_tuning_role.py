@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+from ansible_json import stdout_json
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 SYSCTL_FILE = "/etc/sysctl.d/99-sparkops-unit-test.conf"
 ITS_OWN_TYPE = "{{ [ansible_facts.virtualization_type] }}"  # the host counts as a container
@@ -29,7 +31,7 @@ def play(tmp_path, cases):
                ANSIBLE_NOCOLOR="1")
     proc = subprocess.run(["ansible-playbook", "-i", str(inventory), "--check", str(playbook)],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300, check=False)
-    out = json.loads(proc.stdout)
+    out = stdout_json(proc)
     results = {host: {} for host in cases}
     for play_ in out["plays"]:
         for task in play_["tasks"]:

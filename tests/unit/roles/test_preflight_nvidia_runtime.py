@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from ansible_json import stdout_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 PLAY = """
@@ -43,7 +45,7 @@ def run_preflight(tmp_path, runtimes, expect_gpu=True):
     cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
            "-e", json.dumps(extra), str(tmp_path / "play.yml")]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    tasks = json.loads(proc.stdout)["plays"][0]["tasks"]
+    tasks = stdout_json(proc)["plays"][0]["tasks"]
     return proc.returncode, {t["task"]["name"].split(" : ", 1)[-1]: t["hosts"]["localhost"] for t in tasks}
 
 

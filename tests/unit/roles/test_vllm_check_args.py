@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import vllm_layouts
+from ansible_json import stdout_json
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 ROLE = os.path.join(ROOT, "roles", "serve")
@@ -133,7 +134,7 @@ def run_role_check(tmp_path, tree, **extra):
     r = subprocess.run(["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook),
                         "-e", "@" + str(tmp_path / "vars.json")], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300, check=False)
-    tasks = json.loads(r.stdout)["plays"][0]["tasks"]
+    tasks = stdout_json(r)["plays"][0]["tasks"]
     return r.returncode, [t["hosts"]["localhost"] for t in tasks]
 
 

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from ansible_json import stdout_json
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from support_checkpoint import SHARDS, flip_byte, http_server, src_dir  # noqa: E402,F401  pylint: disable=unused-import
 
@@ -239,7 +241,7 @@ def test_fetch_through_ansible_cli(src_dir, http_server, tmp_path):
     def adhoc(mod, args):
         out = subprocess.run(["ansible", "localhost", "-c", "local", "-m", mod, "-a", json.dumps(args)],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
-        res = json.loads(out.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+        res = stdout_json(out)["plays"][0]["tasks"][0]["hosts"]["localhost"]
         return res
 
     r = adhoc("sparkops.appliance.checkpoint_fetch", {"src": http_server.base, "dest": dest})

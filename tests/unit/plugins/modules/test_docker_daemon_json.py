@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from ansible_json import stdout_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 NVIDIA = {"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}
@@ -21,7 +23,7 @@ def run_module(args, check=False, diff=False):
     if diff:
         cmd.append("--diff")
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return stdout_json(proc)["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 
 def snapshot(path):

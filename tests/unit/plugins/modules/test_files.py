@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+from ansible_json import stdout_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 
@@ -15,7 +17,7 @@ def run_module(entries, check=False, diff=False):
     cmd += ["--check"] if check else []
     cmd += ["--diff"] if diff else []
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return stdout_json(proc)["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 
 def entries(tmp_path, unit="[Unit]\nDescription=x\n", script_mode="0755"):

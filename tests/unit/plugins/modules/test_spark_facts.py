@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from ansible_json import stdout_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 MEMINFO = """MemTotal:       127601232 kB
@@ -28,7 +30,7 @@ def run_module(args, check=False, path_prefix=None):
         cmd.append("--check")
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     # One JSON document: the summary callback stays silent under a machine-readable stdout callback.
-    out = json.loads(proc.stdout)
+    out = stdout_json(proc)
     return out["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 

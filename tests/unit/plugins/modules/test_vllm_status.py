@@ -15,6 +15,8 @@ import pytest
 
 from ansible_collections.sparkops.appliance.plugins.modules import vllm_status as vs
 
+from ansible_json import stdout_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 METRICS = """\
@@ -266,7 +268,7 @@ def run_module(args, path_prefix):
            "-m", "sparkops.appliance.vllm_status", "-a", json.dumps(args)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    out = json.loads(proc.stdout)
+    out = stdout_json(proc)
     return out["plays"][0]["tasks"][0]["hosts"]["localhost"], time.monotonic() - t0
 
 
