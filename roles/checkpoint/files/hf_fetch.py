@@ -95,9 +95,12 @@ def dir_bytes(root):
 def progress_loop(path, root, total, stop):
     start = time.monotonic()
     while True:
+        # Whether the download ended is read BEFORE the folder is measured: read after, a download
+        # that ends during the measurement would be recorded as done with the bytes of before.
+        finished = stop.is_set()
         done = dir_bytes(root)
         rate = done / max(time.monotonic() - start, 1e-9)
-        state = "done" if stop.is_set() else "running"
+        state = "done" if finished else "running"
         text = "%.2f GiB of %.2f GiB (%.1f%%), %.1f MiB/s%s" % (
             done / GIB, total / GIB, 100.0 * done / total if total else 100.0, rate / (1 << 20),
             "" if state == "running" else ", " + state)

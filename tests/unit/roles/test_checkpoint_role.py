@@ -5,6 +5,7 @@ import json
 import os
 import re
 import sys
+import threading
 import types
 
 import yaml
@@ -97,3 +98,21 @@ def test_hf_download_passes_revision_local_dir_endpoint_token_and_writes_progres
                   "token": "hf_secret", "endpoint": hub.url}
     p = json.load(open(prog))
     assert p["state"] == "done" and p["total"] == total and p["done"] == 3
+
+
+def test_hf_progress_done_record_counts_the_bytes_of_the_end(monkeypatch, tmp_path):
+    # The download ends while the progress loop measures the folder (seen in CI under load: the
+    # final record said done with 0 bytes). The record that says done must hold the final size.
+    mod = load_helper(monkeypatch, [])
+    stop = threading.Event()
+    sizes = iter([0, 3, 3])
+
+    def measure(_root):
+        stop.set()              # the download ends during the first measurement
+        return next(sizes)
+
+    monkeypatch.setattr(mod, "dir_bytes", measure)
+    prog = str(tmp_path / "p.json")
+    mod.progress_loop(prog, str(tmp_path), 3, stop)
+    p = json.load(open(prog))
+    assert p["state"] == "done" and p["done"] == 3, p
