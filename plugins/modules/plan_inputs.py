@@ -17,6 +17,8 @@ description:
     bytes of its weights, the size of the PLE pack, and the model's C(config.json).
   - Each reading is asked for separately; what is not asked for is returned as C(null).
   - Changes nothing on the host.
+extends_documentation_fragment:
+  - sparkops.appliance.read_only
 author:
   - sparkops contributors (@sparkops)
 options:
@@ -51,16 +53,6 @@ options:
     description: File to read meminfo from. Tests may point it at a prepared file.
     type: path
     default: /proc/meminfo
-attributes:
-  check_mode:
-    description: Runs the same in check mode; it never changes anything.
-    support: full
-  diff_mode:
-    description: Nothing changes, so there is nothing to diff.
-    support: none
-  idempotent:
-    description: Reading twice gives the same result for the same host state.
-    support: full
 notes:
   - Replaces five read-only tasks (slurp, stat, find, stat, slurp) so that a re-converge pays one
     connection here instead of five.

@@ -16,6 +16,8 @@ description:
     memory must be read from the kernel), the machine architecture, free disk under the model
     directory, whether C(nvidia-smi) lists a GPU, and whether a Docker engine answers.
   - Changes nothing on the host.
+extends_documentation_fragment:
+  - sparkops.appliance.read_only
 author:
   - sparkops contributors (@sparkops)
 options:
@@ -54,17 +56,8 @@ options:
     elements: str
     default: [requests]
 attributes:
-  check_mode:
-    description: Runs the same in check mode; it never changes anything.
-    support: full
-  diff_mode:
-    description: Nothing changes, so there is nothing to diff.
-    support: none
   facts:
     description: Sets the C(spark_*) facts.
-    support: full
-  idempotent:
-    description: Reading twice gives the same result for the same host state.
     support: full
 notes:
   - All sizes in GiB are binary (2^30 bytes), as the memory plan uses them.
