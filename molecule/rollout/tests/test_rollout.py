@@ -13,7 +13,9 @@ import os
 import shutil
 import subprocess
 import threading
+import socket
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -121,15 +123,30 @@ class Prober:
             self.log({"kind": "completion", "host": host, "start": start, "end": time.time(), "ok": ok,
                       "error": error, "lb_at_end": self.lb(host)})
 
+    def healthy(self, host):
+        """Down is a refused connection or an answer other than 200. A probe that only timed out
+        (a server that is up but slow on a busy machine: CI once counted one such sample as a
+        second host down) is asked once more, patiently, before the host counts as down."""
+        url = self.urls[host] + "/health"
+        for timeout in (2, 15):
+            try:
+                status, _body = request(url, timeout=timeout)
+            except (TimeoutError, socket.timeout):
+                continue
+            except urllib.error.URLError as exc:
+                if isinstance(exc.reason, (TimeoutError, socket.timeout)):
+                    continue
+                return False
+            except Exception:
+                return False
+            return status == 200
+        return False
+
     def health(self):
         while not self.stop.is_set():
             down = []
             for host in HOSTS:
-                try:
-                    status, _body = request(self.urls[host] + "/health", timeout=2)
-                    if status != 200:
-                        down.append(host)
-                except Exception:
+                if not self.healthy(host):
                     down.append(host)
             self.log({"kind": "health", "t": time.time(), "down": down, "out": [h for h in HOSTS if self.lb(h) == "out"]})
             time.sleep(0.5)
