@@ -183,9 +183,10 @@ def _docker(module, check, program):
 def _python(names):
     modules = {}
     for name in names:
+        # Any failure counts (not only ImportError): a module that imports it would fail the same way.
         try:
             __import__(name)
-        except Exception:  # pylint: disable=broad-except - any failure means a module using it fails too
+        except Exception:  # pylint: disable=broad-except
             modules[name] = False
         else:
             modules[name] = True
