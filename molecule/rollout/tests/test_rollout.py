@@ -13,9 +13,7 @@ import os
 import shutil
 import subprocess
 import threading
-import socket
 import time
-import urllib.error
 import urllib.request
 
 import pytest
@@ -131,13 +129,9 @@ class Prober:
         for timeout in (2, 15):
             try:
                 status, _body = request(url, timeout=timeout)
-            except (TimeoutError, socket.timeout):
-                continue
-            except urllib.error.URLError as exc:
-                if isinstance(exc.reason, (TimeoutError, socket.timeout)):
+            except Exception as exc:   # socket.timeout is TimeoutError; urlopen may wrap it in URLError
+                if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
                     continue
-                return False
-            except Exception:
                 return False
             return status == 200
         return False
