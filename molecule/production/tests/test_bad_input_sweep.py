@@ -105,6 +105,7 @@ CASES = [
     ("double-slash-config-path", {"memwatch_config_path": "/etc/sparkops//memwatch.json"}, "memwatch_config_path"),
     ("space-state-dir", {"memwatch_state_dir": "/var/lib/mem watch"}, "memwatch_state_dir"),
     ("relative-report-path", {"serve_report_path": "plan-vs-actual.json"}, "serve_report_path"),
+    ("relative-cache-dir", {"serve_cache_dir": "var/cache/vllm"}, "serve_cache_dir"),
     ("dotdot-checkpoint_dir", {"checkpoint_dir": "/srv/sparkops/models/../x"}, "checkpoint_dir"),
     ("relative-checkpoint-src", {"checkpoint_src_path": "lab-source/tiny-llama"}, "checkpoint_src_path"),
     ("metrics-not-prom", {"memwatch_metrics_file": "/var/lib/node-exporter/memwatch.txt"}, "memwatch_metrics_file"),

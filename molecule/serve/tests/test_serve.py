@@ -120,7 +120,18 @@ def test_bad_flag_is_rejected_and_the_server_keeps_answering(host):
     assert json.loads(_curl(host, "/v1/models"))["data"]
 
 
+def _vllm_cache(host):
+    """What vLLM keeps in serve_cache_dir (its default) between starts: {file: (inode, mtime)}."""
+    out = host.check_output("find /var/cache/sparkops/vllm -type f -printf '%P %i %T@\\n'")
+    return dict((line.split()[0], tuple(line.split()[1:])) for line in out.splitlines())
+
+
 def test_changed_setting_restarts_exactly_once(host):
+    # vLLM's cache is on the host: the first start wrote its inspection of the model class there, and
+    # the restarts below read it instead of inspecting the class again in a new Python process
+    # (which would write the file anew).
+    cache = _vllm_cache(host)
+    assert "modelinfos/vllm-model_executor-models-llama-LlamaForCausalLM.json" in cache, cache
     before = _container_id(host)
     since = host.check_output("date '+%Y-%m-%d %H:%M:%S'")
     time.sleep(1)
@@ -135,6 +146,7 @@ def test_changed_setting_restarts_exactly_once(host):
     r = _converge()
     assert r.returncode == 0, r.stdout[-3000:]
     assert json.loads(_curl(host, "/v1/models"))["data"]
+    assert _vllm_cache(host) == cache
 
 
 def _runtime_image(host):

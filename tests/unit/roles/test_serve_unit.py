@@ -117,6 +117,15 @@ def test_model_comes_from_the_shared_model_variables(tmp_path):
     assert "--served-model-name gemma-3n" in text
 
 
+def test_vllm_cache_is_kept_on_the_host(tmp_path):
+    """VLLM_CACHE_ROOT is a host directory: a restart of the --rm container finds what the last start wrote."""
+    unit, env = render(tmp_path)
+    assert " --volume=/var/cache/sparkops/vllm:/var/cache/vllm " in unit.read_text()
+    assert "VLLM_CACHE_ROOT=/var/cache/vllm" in env.read_text().splitlines()
+    unit, _env = render(tmp_path, serve_cache_dir="/data/vllm-cache")
+    assert " --volume=/data/vllm-cache:/var/cache/vllm " in unit.read_text()
+
+
 # --- the unit's semantics (SPEC §6) -----------------------------------------------------------
 
 def test_unit_uses_the_helper_for_shm_start_bound_and_stop(tmp_path):
