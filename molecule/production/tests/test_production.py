@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import testinfra.utils.ansible_runner
+from test_args_memo import _memo, _parser_result   # this folder is on sys.path (pytest's rootdir-less import)
 
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.getcwd())
@@ -115,6 +116,27 @@ def test_check_mode_on_the_converged_spark_changes_nothing(host):
     assert recap and recap.group(1) == "0", out[-4000:]
     assert owned_files_digest(host) == before
     assert _unit(host, UNIT, "InvocationID")["InvocationID"] == invocation   # not restarted
+
+
+def test_y_one_changed_flag_runs_the_parser_again_and_the_next_run_skips_it(host):
+    """After the checks above that need the converged line; the drill below stops this server anyway."""
+    before = _memo(host)
+    changed = _site("-e", '{"serve_max_num_seqs": 7}')
+    out = changed.stdout + changed.stderr
+    assert changed.returncode == 0, out[-4000:]
+    assert _parser_result(out) == "ok", out[-4000:]
+    memo = json.loads(_memo(host)[0])
+    assert memo["args"][memo["args"].index("--max-num-seqs") + 1] == "7"
+    assert memo["key"] != json.loads(before[0])["key"]
+    # The same line again, a no-op: the parser is skipped and the memo is not rewritten (same
+    # content, same file).
+    remembered = _memo(host)
+    again = _site("-e", '{"serve_max_num_seqs": 7}')
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-4000:]
+    assert _parser_result(out) == "skipping", out[-4000:]
+    assert _memo(host) == remembered
+    assert host.service(UNIT).is_running
 
 
 DRILL_DIR = "/var/lib/sparkops-drill"
