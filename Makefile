@@ -14,7 +14,7 @@ LAB_IMAGE = $(shell lab/image/tag.sh)
 LAB_RUNTIME_IMAGE = $(shell lab/runtime/tag.sh)
 LAB_MODEL_DIR := /var/cache/sparkops/models/tiny-llama
 
-.PHONY: lab lab-down lab-image runtime-image lab-model engine deps test unit lint sanity molecule clean
+.PHONY: lab lab-down lab-image runtime-image lab-model engine deps test checks unit lint sanity molecule clean
 
 ## make lab: engine + lab images + tiny model + lab Sparks, then the site playbook on them
 lab: deps lab-model
@@ -26,13 +26,20 @@ lab: deps lab-model
 lab-down: deps
 	ansible-playbook -i $(LAB_INVENTORY) lab/lab.yml -e lab_state=absent
 
-## make test: everything CI runs. The unit tests run while the lab images build (on a fresh machine
-## mostly downloads and disk, minutes CI's budget counts); each one's output is printed whole when it
-## ends. Lint, sanity and the Molecule scenarios (which need those images) run after, one at a time.
+## make test: everything CI runs. The unit tests, then lint and sanity, run one after the other
+## while the lab images build (on a fresh machine mostly downloads and disk, minutes CI's budget
+## counts); each side's output is printed whole when it ends. The Molecule scenarios (which need those
+## images) run after, one at a time.
 test: deps
-	$(MAKE) --no-print-directory -j2 --output-sync=target unit lab-model
-	$(MAKE) --no-print-directory lint sanity molecule
+	$(MAKE) --no-print-directory -j2 --output-sync=target checks lab-model
+	$(MAKE) --no-print-directory molecule
 	@echo "make test: all suites passed"
+
+## make checks: the suites that need no lab image, one after the other (never beside each other)
+checks: deps
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory sanity
 
 unit: deps
 	$(PYTHON) -m pytest -q -n auto tests/unit   # one worker per core (pytest-xdist)
