@@ -26,6 +26,10 @@ HOSTS = ["sparkops-molecule-rollout-%d" % n for n in (1, 2, 3)]
 UNIT_FILE = "/etc/systemd/system/sparkops-serve.service"
 STATE_FILE = "/var/lib/sparkops/runtime-image/state.json"
 BASE_EXTRA = ["--enforce-eager", "--distributed-executor-backend", "uni"]   # the lab overrides' serve_extra_args
+# Between one host's completions. Back to back, the three CPU vLLMs generated tokens without a pause
+# (about 9 completions a second) and took the CPU the rollout itself needs on this 2-core machine; one
+# a second per host still samples each host about 50 times during a restart.
+COMPLETION_PAUSE_S = float(os.environ.get("SPARKOPS_PROBER_PAUSE_S", "1.0"))
 
 
 def ephemeral(*parts):
@@ -120,6 +124,7 @@ class Prober:
                 ok, error = False, str(exc)[:200]
             self.log({"kind": "completion", "host": host, "start": start, "end": time.time(), "ok": ok,
                       "error": error, "lb_at_end": self.lb(host)})
+            self.stop.wait(COMPLETION_PAUSE_S)
 
     def healthy(self, host):
         """Down is a refused connection or an answer other than 200. A probe that only timed out
