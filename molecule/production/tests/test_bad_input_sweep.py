@@ -153,6 +153,9 @@ CASES = [
 if ONLY:
     CASES = [case for case in CASES if case[0] in ONLY]
 
+# site.yml checks these roles' values before it connects to a host (their checks read no fact).
+BY_VALUES = ("host_tuning_", "drivers_", "checkpoint_", "ple_")
+
 _RESULTS = {}
 _TIMES = {}
 
@@ -215,6 +218,10 @@ def test_refused_in_the_first_play_naming_the_variable(sweep, case):
     assert not re.search(r"^changed: \[", out, re.M) and re.search(r"\bchanged=0\b", out), tail
     failed = out[out.index("fatal:"):] if "fatal:" in out else out
     assert name in failed, "the message does not name %s:\n%s" % (name, tail)
+    if name.startswith(BY_VALUES):
+        first_failure = re.search(r"^(fatal|failed): \[", out, re.M)
+        assert first_failure and "TASK [Gather facts]" not in out[:first_failure.start()], \
+            "refused only after a connection: %s\n%s" % (name, tail)
 
 
 def test_files_and_units_are_byte_identical_afterwards(sweep):
