@@ -18,11 +18,15 @@ ITS_OWN_TYPE = "{{ [ansible_facts.virtualization_type] }}"  # the host counts as
 APPLY = "Apply the sysctl settings where the kernel allows it"
 
 
-def play(tmp_path, cases):
-    """Run the role on one local host per case ({host: vars}); {host: {task name: result}}."""
+ROLE_PLAY = ("- hosts: all\n  gather_facts: true\n  gather_subset: ['!all', '!min', virtual]\n"
+             "  roles:\n    - sparkops.appliance.host_tuning\n")
+
+
+def play(tmp_path, cases, playbook_text=ROLE_PLAY):
+    """Run the role (or playbook_text) in check mode on one local host per case ({host: vars});
+    {host: {task name: result}}."""
     playbook = tmp_path / "pb.yml"
-    playbook.write_text("- hosts: all\n  gather_facts: true\n  gather_subset: ['!all', '!min', virtual]\n"
-                        "  roles:\n    - sparkops.appliance.host_tuning\n")
+    playbook.write_text(playbook_text)
     common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "host_tuning_swap_off": False,
               "host_tuning_jemalloc": False, "host_tuning_sysctl_file": SYSCTL_FILE}
     inventory = tmp_path / "hosts.json"
@@ -76,28 +80,13 @@ def test_swap_off_now_follows_preflights_swap_total(tmp_path):
     cases = {"swap-on": 1048576, "swap-off": 0}
     for host, kib in cases.items():
         (tmp_path / (host + ".meminfo")).write_text("MemTotal: 131072000 kB\nMemAvailable: 120000000 kB\nSwapTotal: %d kB\n" % kib)
-    playbook = tmp_path / "pb.yml"
-    playbook.write_text(
-        "- hosts: all\n  gather_facts: false\n  tasks:\n"
-        "    - sparkops.appliance.spark_facts: {meminfo_path: '%s/{{ inventory_hostname }}.meminfo', disk_path: '%s',"
-        " check_gpu: false, check_docker: false}\n"
-        "    - ansible.builtin.setup: {gather_subset: [min, virtual]}\n"
-        "    - ansible.builtin.include_role: {name: sparkops.appliance.host_tuning}\n" % (tmp_path, tmp_path))
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "host_tuning_swap_off": True,
-              "host_tuning_jemalloc": False, "host_tuning_sysctl_file": SYSCTL_FILE, "host_tuning_sysctl_apply": False}
-    inventory = tmp_path / "hosts.json"
-    inventory.write_text(json.dumps({"all": {"vars": common, "hosts": {host: {} for host in cases}}}))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-               ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), "--check", str(playbook)],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300, check=False)
-    out = stdout_json(proc)
+    proc, results = play(tmp_path, {host: {"host_tuning_swap_off": True, "host_tuning_sysctl_apply": False} for host in cases},
+                         "- hosts: all\n  gather_facts: false\n  tasks:\n"
+                         "    - sparkops.appliance.spark_facts: {meminfo_path: '%s/{{ inventory_hostname }}.meminfo', disk_path: '%s',"
+                         " check_gpu: false, check_docker: false}\n"
+                         "    - ansible.builtin.setup: {gather_subset: [min, virtual]}\n"
+                         "    - ansible.builtin.include_role: {name: sparkops.appliance.host_tuning}\n" % (tmp_path, tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-    results = {}
-    for play_ in out["plays"]:
-        for task in play_["tasks"]:
-            if task["task"]["name"].split(" : ")[-1] == SWAP_OFF:
-                results = task["hosts"]
+    results = dict((host, results[host][SWAP_OFF]) for host in cases)
     assert "would have run" in results["swap-on"].get("msg", ""), results
     assert results["swap-off"].get("false_condition"), results
-    assert not os.path.exists(SYSCTL_FILE)
