@@ -73,6 +73,27 @@ options:
           - A command run on the new file before it replaces the old one; C(%s) stands for the
             temporary file's path. A non-zero exit fails the task and leaves the old file.
         type: str
+  read:
+    description:
+      - Small text files to read back in the same call, before any entry of O(files) is handled,
+        into RV(contents) (also in check mode). A role that needs a file's current text, such as
+        the state it wrote on the last run, saves the round trip of a separate
+        M(ansible.builtin.slurp).
+    type: list
+    elements: path
+    default: []
+  units:
+    description:
+      - systemd units whose state to report in RV(units), read only (also in check mode), with one
+        C(systemctl show) after the files are handled. A role that writes a unit here and then
+        enables and starts it skips its M(ansible.builtin.systemd_service) call when nothing
+        changed and the unit is already as wanted (filter C(sparkops.appliance.unit_as_wanted)), so
+        a re-converge that changes nothing saves that round trip.
+      - A host without a running systemd reports no units (RV(units) is empty), so the role runs
+        its M(ansible.builtin.systemd_service) call as it would without this option.
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -100,8 +121,22 @@ changed_paths:
   type: list
   elements: str
   sample: [/etc/systemd/system/example.service]
+contents:
+  description: The text of each path of O(read) (UTF-8), as it was before this call; null for a path that does not exist.
+  returned: always
+  type: dict
+  sample: {"/var/lib/example/state.json": "{\"current\": \"abc\"}\n", "/run/example/memo": null}
+units:
+  description:
+    - The state of each unit of O(units) as systemd reports it (its properties C(LoadState),
+      C(ActiveState), C(UnitFileState) and C(NeedDaemonReload)); empty when systemd cannot be
+      asked. A unit systemd does not know has C(LoadState=not-found).
+  returned: always
+  type: dict
+  sample: {"memwatch.service": {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled", "NeedDaemonReload": "no"}}
 """
 
+import errno
 import os
 
 from ansible.module_utils.basic import AnsibleModule
@@ -178,6 +213,25 @@ def _file(module, entry, diffs):
     return True
 
 
+UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "NeedDaemonReload")
+
+
+def unit_states(module, units):
+    """{unit: {property: value}} from one `systemctl show`; {} when systemd cannot be asked."""
+    systemctl = module.get_bin_path("systemctl")
+    if not units or not systemctl:
+        return {}
+    rc, out, _err = module.run_command([systemctl, "show", "--property=" + ",".join(UNIT_PROPERTIES), "--"] + list(units))
+    if rc != 0:
+        return {}
+    # One block per unit, in the order asked, separated by an empty line.
+    blocks = [dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+              for block in out.strip().split("\n\n")]
+    if len(blocks) != len(units):
+        return {}
+    return dict((unit, dict((k, v) for k, v in block.items() if k != "Id")) for unit, block in zip(units, blocks))
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -190,6 +244,8 @@ def main():
                 group=dict(type="str", default="root"),
                 validate=dict(type="str"),
             )),
+            read=dict(type="list", elements="path", default=[]),
+            units=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
@@ -201,13 +257,23 @@ def main():
             module.fail_json(msg="%s: files[].content is required for a file (state=file)" % entry["path"])
         if entry["validate"] and "%s" not in entry["validate"]:
             module.fail_json(msg="%s: files[].validate must contain %%s (the new file's path): %s" % (entry["path"], entry["validate"]))
+    contents = {}
+    for path in module.params["read"]:
+        try:
+            with open(path, "rb") as handle:
+                contents[path] = to_native(handle.read(), errors="surrogate_or_strict")
+        except (IOError, OSError) as exc:
+            if exc.errno != errno.ENOENT:
+                module.fail_json(msg="read: cannot read %s: %s" % (path, to_native(exc)))
+            contents[path] = None
     changed_paths = []
     diffs = []
     for entry in module.params["files"]:
         handler = _directory if entry["state"] == "directory" else _file
         if handler(module, entry, diffs):
             changed_paths.append(entry["path"])
-    module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths, diff=diffs)
+    module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths, diff=diffs, contents=contents,
+                     units=unit_states(module, module.params["units"]))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """A re-converge is fast: the image's vLLM parser runs only when the image or the command line
-changed (roles/serve/tasks/check_args_*.yml), and modules reach the lab Spark pipelined.
+changed (the memo roles/serve/tasks/main.yml reads back, check_args_remember.yml writes), and modules reach the lab Spark pipelined.
 
 Runs before test_production.py (file order) and leaves the server running with the converged line.
 A changed flag that is then applied, and the no-op run after it, are test_production.py's
@@ -31,7 +31,13 @@ def _site(*extra):
 
 def _parser_result(out):
     """What the parser task reported: 'skipping', 'ok' (it ran), or None (the task never came)."""
-    block = re.search(r"^TASK \[[^\]]*%s\] \**\n(.*?)(?=^TASK |^PLAY |^RUNNING HANDLER |\Z)" % re.escape(PARSER_TASK),
+    return _task_status(out, PARSER_TASK)
+
+
+def _task_status(out, task):
+    """What a task (its name, without the role) reported on the one host: 'skipping', 'ok',
+    'changed', 'failed' or 'fatal'; None when the task never came."""
+    block = re.search(r"^TASK \[[^\]]*%s\] \**\n(.*?)(?=^TASK |^PLAY |^RUNNING HANDLER |\Z)" % re.escape(task),
                       out, re.M | re.S)
     if not block:
         return None

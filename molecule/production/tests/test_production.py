@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import testinfra.utils.ansible_runner
-from test_args_memo import _memo, _parser_result   # this folder is on sys.path (pytest's rootdir-less import)
+from test_args_memo import _memo, _parser_result, _task_status   # this folder is on sys.path (pytest's rootdir-less import)
 
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.getcwd())
@@ -119,7 +119,11 @@ def test_check_mode_on_the_converged_spark_changes_nothing(host):
 
 
 def test_y_one_changed_flag_runs_the_parser_again_and_the_next_run_skips_it(host):
-    """After the checks above that need the converged line; the drill below stops this server anyway."""
+    """After the checks above that need the converged line; the drill below stops this server anyway.
+
+    The run after the change also shows that a re-converge asks systemd only where a unit is not
+    as wanted: memwatch stopped and the recycle timer disabled by hand are started and enabled
+    again, while the serve unit, enabled and running, is not asked (its task is skipped)."""
     before = _memo(host)
     changed = _site("-e", '{"serve_max_num_seqs": 7}')
     out = changed.stdout + changed.stderr
@@ -131,12 +135,19 @@ def test_y_one_changed_flag_runs_the_parser_again_and_the_next_run_skips_it(host
     # The same line again, a no-op: the parser is skipped and the memo is not rewritten (same
     # content, same file).
     remembered = _memo(host)
+    host.run_test("systemctl stop memwatch.service && systemctl disable --now %s-recycle.timer" % UNIT)
     again = _site("-e", '{"serve_max_num_seqs": 7}')
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-4000:]
     assert _parser_result(out) == "skipping", out[-4000:]
     assert _memo(host) == remembered
     assert host.service(UNIT).is_running
+    assert _task_status(out, "Enable and start the serve unit") == "skipping", out[-4000:]
+    assert _task_status(out, "Enable and start memwatch") == "changed", out[-4000:]
+    assert _task_status(out, "Enable the drained-recycle timer") == "changed", out[-4000:]
+    assert host.service("memwatch").is_running
+    timer = host.service(UNIT + "-recycle.timer")
+    assert timer.is_enabled and timer.is_running
 
 
 DRILL_DIR = "/var/lib/sparkops-drill"

@@ -9,11 +9,18 @@ from ansible_json import stdout_json
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 
-def run_module(entries, check=False, diff=False):
+def run_module(entries, check=False, diff=False, units=None, bin_dir=None, read=None):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    if bin_dir:
+        env["PATH"] = "%s:%s" % (bin_dir, env["PATH"])
+    args = {"files": entries}
+    if units is not None:
+        args["units"] = units
+    if read is not None:
+        args["read"] = read
     cmd = ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
-           "-m", "sparkops.appliance.files", "-a", json.dumps({"files": entries})]
+           "-m", "sparkops.appliance.files", "-a", json.dumps(args)]
     cmd += ["--check"] if check else []
     cmd += ["--diff"] if diff else []
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
@@ -126,3 +133,68 @@ def test_a_bad_entry_is_refused_before_any_path_is_touched(tmp_path):
         result = run_module([first, bad])
         assert result.get("failed") is True and words in result["msg"], result
         assert not (tmp_path / "made").exists()
+
+
+SHOW = """Id=a.service
+LoadState=loaded
+ActiveState=active
+UnitFileState=enabled
+NeedDaemonReload=no
+
+Id=b.timer
+LoadState=not-found
+ActiveState=inactive
+UnitFileState=
+NeedDaemonReload=no
+"""
+
+
+def fake_systemctl(tmp_path, out, rc=0):
+    """A systemctl on PATH that records its arguments and prints `out` (systemd cannot run here)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "systemctl"
+    script.write_text("#!/bin/sh\necho \"$@\" >> %s\ncat <<'EOF'\n%sEOF\nexit %d\n" % (tmp_path / "calls", out, rc))
+    script.chmod(0o755)
+    return str(bin_dir)
+
+
+def test_units_are_reported_from_one_systemctl_show_also_in_check_mode(tmp_path):
+    bin_dir = fake_systemctl(tmp_path, SHOW)
+    for check in (True, False):
+        res = run_module(entries(tmp_path), check=check, units=["a.service", "b.timer"], bin_dir=bin_dir)
+        assert res["units"] == {
+            "a.service": {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled", "NeedDaemonReload": "no"},
+            "b.timer": {"LoadState": "not-found", "ActiveState": "inactive", "UnitFileState": "", "NeedDaemonReload": "no"}}
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == ["show --property=Id,LoadState,ActiveState,UnitFileState,NeedDaemonReload -- a.service b.timer"] * 2
+
+
+def test_no_units_are_reported_when_systemd_cannot_be_asked(tmp_path):
+    # systemctl fails (no systemd as PID 1), or prints fewer blocks than units asked: nothing is
+    # reported, so a role runs its systemd_service call as it would without the option.
+    bin_dir = fake_systemctl(tmp_path, "", rc=1)
+    assert run_module(entries(tmp_path), units=["a.service"], bin_dir=bin_dir)["units"] == {}
+    (tmp_path / "calls").unlink()
+    os.rename(bin_dir, str(tmp_path / "old"))
+    bin_dir = fake_systemctl(tmp_path, SHOW.split("\n\n", maxsplit=1)[0] + "\n")
+    assert run_module(entries(tmp_path), units=["a.service", "b.timer"], bin_dir=bin_dir)["units"] == {}
+    assert run_module(entries(tmp_path), bin_dir=bin_dir)["units"] == {}   # none asked: systemctl not run
+    assert len((tmp_path / "calls").read_text().splitlines()) == 1
+
+
+def test_read_gives_the_text_before_the_call_and_null_for_a_missing_file(tmp_path):
+    state = tmp_path / "state.json"
+    state.write_text('{"current": "a"}\n')
+    ents = entries(tmp_path) + [{"path": str(state), "content": '{"current": "b"}\n', "mode": "0644"}]
+    missing = str(tmp_path / "nothing-here")
+    for check in (True, False):   # read also in check mode; the file is written only outside it
+        res = run_module(ents, check=check, read=[str(state), missing])
+        assert res["contents"] == {str(state): '{"current": "a"}\n', missing: None}
+    assert state.read_text() == '{"current": "b"}\n'
+    assert run_module(ents, read=[str(state)])["contents"] == {str(state): '{"current": "b"}\n'}
+
+
+def test_an_unreadable_path_to_read_fails_the_task_naming_it(tmp_path):
+    res = run_module(entries(tmp_path), read=[str(tmp_path)])   # a directory
+    assert res.get("failed") and str(tmp_path) in res["msg"], res
