@@ -132,8 +132,8 @@ def test_y_one_changed_flag_runs_the_parser_again_and_the_next_run_skips_it(host
     memo = json.loads(_memo(host)[0])
     assert memo["args"][memo["args"].index("--max-num-seqs") + 1] == "7"
     assert memo["key"] != json.loads(before[0])["key"]
-    # The same line again, a no-op: the parser is skipped and the memo is not rewritten (same
-    # content, same file).
+    # The same line again, a no-op for the server: the parser is skipped and the memo is not
+    # rewritten (same content, same file). Only the two units stopped here are asked for.
     remembered = _memo(host)
     host.run_test("systemctl stop memwatch.service && systemctl disable --now %s-recycle.timer" % UNIT)
     again = _site("-e", '{"serve_max_num_seqs": 7}')
