@@ -11,10 +11,10 @@ in the same run and alternating, times for 2 and for N Sparks (--limit):
 and prints both, their ratio (target <= 10) and the no-op time of N Sparks over that of 2
 (target <= 1.5). With --profile, the no-op run on 2 Sparks also prints the 10 slowest tasks
 (ansible.posix.profile_tasks). With --before DIR (a checkout of another commit, e.g. made by
-`git archive`), the no-op on 2 Sparks is also timed and profiled with that checkout's site.yml and
-ansible.cfg, on the same Sparks. At the end it removes what it created (--keep leaves it up): the
-lab Sparks, their serving containers and the network; the runtime image is shared with the lab
-and stays.
+`git archive`), the no-op on 2 Sparks is also timed with that checkout's site.yml and ansible.cfg,
+on the same Sparks, in every round (unprofiled, alternating with this checkout's runs), and
+profiled once. At the end it removes what it created (--keep leaves it up): the lab Sparks,
+their serving containers and the network; the runtime image is shared with the lab and stays.
 
   python3 benchmarks/converge_bench.py [--sparks 6] [--rounds 2] [--profile] [--before DIR] [--keep]
 
@@ -122,7 +122,8 @@ def main():
     ap.add_argument("--sparks", type=int, default=6, help="the larger fleet (the smaller is 2)")
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds of each measurement (the median is reported)")
     ap.add_argument("--profile", action="store_true", help="print the 10 slowest tasks of a no-op run on 2 Sparks")
-    ap.add_argument("--before", default=None, help="another checkout: also time and profile its no-op site.yml")
+    ap.add_argument("--before", default=None,
+                    help="another checkout: also time its no-op site.yml on 2 Sparks in every round, and profile it")
     ap.add_argument("--keep", action="store_true", help="leave the lab Sparks up at the end")
     ap.add_argument("--reuse", action="store_true", help="the benchmark's lab Sparks of an earlier --keep run are up: use them")
     a = ap.parse_args()
@@ -157,7 +158,15 @@ def main():
         took, out = run.playbook(site, *SETTLE)
         print("first converge of %d Sparks: %.1f s (changed=%d)" % (len(hosts), took, changed_total(out)), flush=True)
         times = {"facts": {2: [], a.sparks: []}, "noop": {2: [], a.sparks: []}, "cpu": {2: [], a.sparks: []}}
+        before = os.path.abspath(a.before) if a.before else None
+        before_noop = []
         for rnd in range(a.rounds):
+            if before:   # alternating with this checkout's runs, unprofiled, on the same 2 Sparks
+                took, out = run.playbook(os.path.join(before, "playbooks", "site.yml"), "--limit", small, *SETTLE,
+                                         project=before)
+                before_noop.append(took)
+                print("round %d, 2 Sparks: no-op of %s %.1f s (changed=%d)" % (rnd + 1, before, took, changed_total(out)),
+                      flush=True)
             for count, limit in ((2, small), (a.sparks, big)):
                 took, _out = run.playbook(facts, "--limit", limit)
                 times["facts"][count].append(took)
@@ -172,8 +181,7 @@ def main():
             took, out = run.playbook(site, "--limit", small, *SETTLE, profile=True)
             print("\nthis checkout, no-op on 2 Sparks, profiled: %.1f s; the 10 slowest tasks:" % took)
             print("\n".join("  " + line for line in slowest(out)), flush=True)
-        if a.before:
-            before = os.path.abspath(a.before)
+        if before:
             took, out = run.playbook(os.path.join(before, "playbooks", "site.yml"), "--limit", small, *SETTLE,
                                      project=before, profile=True)
             print("\n%s, no-op on 2 Sparks, profiled: %.1f s (changed=%d); the 10 slowest tasks:"
@@ -189,6 +197,9 @@ def main():
             f_s, n_s = med(times["facts"][count]), med(times["noop"][count])
             print("  %d Sparks: no-op site.yml %.1f s, facts only %.1f s, ratio %.1fx (target <= 10x)"
                   % (count, n_s, f_s, n_s / f_s))
+        if before:
+            print("  2 Sparks: no-op site.yml %.1f s here, %.1f s with %s (this / that = %.2f)"
+                  % (med(times["noop"][2]), med(before_noop), before, med(times["noop"][2]) / med(before_noop)))
         n2, nbig = med(times["noop"][2]), med(times["noop"][a.sparks])
         f2, fbig = med(times["facts"][2]), med(times["facts"][a.sparks])
         print("  no-op %d Sparks / 2 Sparks: %.2fx (target <= 1.5x); facts only: %.2fx" % (a.sparks, nbig / n2, fbig / f2))
