@@ -145,11 +145,15 @@ from ansible.module_utils.common.text.converters import to_bytes, to_native
 from ansible_collections.sparkops.appliance.plugins.module_utils._files import write_bytes
 
 
-def _read(path):
+def _read(path, missing_only=False):
+    """The bytes of path; None when it cannot be read (with missing_only: only when it does not
+    exist, any other error is raised)."""
     try:
         with open(path, "rb") as handle:
             return handle.read()
-    except (IOError, OSError):
+    except (IOError, OSError) as exc:
+        if missing_only and exc.errno != errno.ENOENT:
+            raise
         return None
 
 
@@ -260,12 +264,10 @@ def main():
     contents = {}
     for path in module.params["read"]:
         try:
-            with open(path, "rb") as handle:
-                contents[path] = to_native(handle.read(), errors="surrogate_or_strict")
+            data = _read(path, missing_only=True)
         except (IOError, OSError) as exc:
-            if exc.errno != errno.ENOENT:
-                module.fail_json(msg="read: cannot read %s: %s" % (path, to_native(exc)))
-            contents[path] = None
+            module.fail_json(msg="read: cannot read %s: %s" % (path, to_native(exc)))
+        contents[path] = None if data is None else to_native(data, errors="surrogate_or_strict")
     changed_paths = []
     diffs = []
     for entry in module.params["files"]:
