@@ -197,10 +197,10 @@ def main():
             f_s, n_s = med(times["facts"][count]), med(times["noop"][count])
             print("  %d Sparks: no-op site.yml %.1f s, facts only %.1f s, ratio %.1fx (target <= 10x)"
                   % (count, n_s, f_s, n_s / f_s))
-        if before:
-            print("  2 Sparks: no-op site.yml %.1f s here, %.1f s with %s (this / that = %.2f)"
-                  % (med(times["noop"][2]), med(before_noop), before, med(times["noop"][2]) / med(before_noop)))
         n2, nbig = med(times["noop"][2]), med(times["noop"][a.sparks])
+        if before:
+            b2 = med(before_noop)
+            print("  2 Sparks: no-op site.yml %.1f s here, %.1f s with %s (this / that = %.2f)" % (n2, b2, before, n2 / b2))
         f2, fbig = med(times["facts"][2]), med(times["facts"][a.sparks])
         print("  no-op %d Sparks / 2 Sparks: %.2fx (target <= 1.5x); facts only: %.2fx" % (a.sparks, nbig / n2, fbig / f2))
         # The lab's Sparks share this machine's cores with the controller: the no-op on N Sparks
