@@ -1,5 +1,5 @@
 """A re-converge is fast: the image's vLLM parser runs only when the image or the command line
-changed (the memo roles/serve/tasks/main.yml reads back, check_args_remember.yml writes), and modules reach the lab Spark pipelined.
+changed (the memo roles/serve/tasks/main.yml reads back, check_args.yml writes), and modules reach the lab Spark pipelined.
 
 Runs before test_production.py (file order) and leaves the server running with the converged line.
 A changed flag that is then applied, and the no-op run after it, are test_production.py's
@@ -18,6 +18,7 @@ testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_ho
 UNIT = "sparkops-serve"                                   # spark_serve_unit_name's default (roles/common)
 MEMO = "/run/sparkops/serve/%s.service.args-checked" % UNIT   # serve_state_dir's default
 PARSER_TASK = "Validate the vLLM command line with the image's own parser"
+PARSER_INCLUDE = "Check the command line with the image's vLLM, and remember it accepted it"   # its file
 
 
 def _run(cmd):
@@ -30,8 +31,10 @@ def _site(*extra):
 
 
 def _parser_result(out):
-    """What the parser task reported: 'skipping', 'ok' (it ran), or None (the task never came)."""
-    return _task_status(out, PARSER_TASK)
+    """'ok' (the parser ran), 'skipping' (the include of its tasks was skipped: the memo held this
+    image and line), or None (neither came)."""
+    ran = _task_status(out, PARSER_TASK)
+    return ran if ran is not None else _task_status(out, PARSER_INCLUDE)
 
 
 def _task_status(out, task):

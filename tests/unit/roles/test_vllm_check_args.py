@@ -95,10 +95,10 @@ def test_a_vllm_that_cannot_be_loaded_is_not_a_rejected_line(tmp_path, broken):
         assert "vllm.utils: has no FlexibleArgumentParser" in r.stderr
 
 
-# --- the role's refusals, the tasks taken from roles/serve/tasks/main.yml as they are ------------
+# --- the role's refusals, the tasks taken from roles/serve/tasks/check_args.yml as they are ---
 
 def _role_tasks(*names):
-    with open(os.path.join(ROLE, "tasks", "main.yml"), encoding="utf-8") as f:
+    with open(os.path.join(ROLE, "tasks", "check_args.yml"), encoding="utf-8") as f:
         tasks = {t["name"]: t for t in yaml.safe_load(f)}
     return [tasks[n] for n in names]
 
