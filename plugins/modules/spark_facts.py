@@ -15,6 +15,9 @@ description:
   - Reads C(/proc/meminfo) (on a DGX Spark C(nvidia-smi) reports memory as N/A, so unified
     memory must be read from the kernel), the machine architecture, free disk under the model
     directory, whether C(nvidia-smi) lists a GPU, and whether a Docker engine answers.
+  - Also reads what C(sparkops.appliance.host_tuning) would otherwise ask for in three calls of
+    its own (the active swap lines of C(/etc/fstab), the C(sysctl.d) files that carry its marker,
+    the files of the jemalloc package), so that a re-converge pays one connection for all of it.
   - Changes nothing on the host.
 extends_documentation_fragment:
   - sparkops.appliance.read_only
@@ -55,6 +58,28 @@ options:
     type: list
     elements: str
     default: [requests]
+  packages:
+    description:
+      - Debian packages whose installed files to list (C(dpkg-query -L)); one that is not installed,
+        or a host without C(dpkg-query), lists none. The host_tuning role reads the jemalloc
+        package's list from here instead of running C(dpkg-query) itself.
+    type: list
+    elements: str
+    default: [libjemalloc2]
+  fstab_path:
+    description: The fstab whose active swap lines are reported. Tests may point it at a prepared file.
+    type: path
+    default: /etc/fstab
+  sysctl_dir:
+    description: The directory searched for C(*.conf) files that carry I(sysctl_marker).
+    type: path
+    default: /etc/sysctl.d
+  sysctl_marker:
+    description:
+      - A line that marks a sysctl.d file as written by the host_tuning role (its template's second
+        line). A file counts when one of its lines starts with this text.
+    type: str
+    default: "# Unified-memory serving host (sparkops.appliance host_tuning)"
 attributes:
   facts:
     description: Sets the C(spark_*) facts.
@@ -113,10 +138,29 @@ ansible_facts:
         - The interpreter that runs modules, and for each of O(python_modules) whether it imports.
       type: dict
       sample: {executable: /usr/bin/python3, modules: {requests: true}}
+    spark_package_files:
+      description: For each of O(packages), the files C(dpkg-query -L) lists (empty when it is not installed).
+      type: dict
+      sample: {libjemalloc2: [/usr/lib/aarch64-linux-gnu/libjemalloc.so.2]}
+    spark_fstab_swap:
+      description:
+        - The lines of O(fstab_path) that mount swap and are not commented out (empty when the file
+          does not exist).
+      type: list
+      elements: str
+      sample: ["/swap.img none swap sw 0 0"]
+    spark_sysctl_marked:
+      description: The C(*.conf) files of O(sysctl_dir) that carry O(sysctl_marker), sorted.
+      type: list
+      elements: str
+      sample: [/etc/sysctl.d/90-sparkops.conf]
 """
 
+import glob
 import json
+import os
 import platform
+import re
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
@@ -193,6 +237,43 @@ def _python(names):
     return {"executable": sys.executable, "modules": modules}
 
 
+# An fstab line that mounts swap and is not a comment: device, mount point, type "swap". The
+# host_tuning role comments out exactly these (its replace task's regexp).
+_SWAP_LINE = re.compile(r"^\s*[^#\s]\S*\s+\S+\s+swap\s")
+
+
+def _package_files(module, names):
+    binary = module.get_bin_path("dpkg-query")
+    files = {}
+    for name in names:
+        files[name] = []
+        if binary is not None:
+            rc, out, _err = module.run_command([binary, "-L", name])
+            if rc == 0:
+                files[name] = [line for line in out.splitlines() if line.startswith("/")]
+    return files
+
+
+def _fstab_swap(path):
+    try:
+        with open(path) as handle:
+            return [line.rstrip("\n") for line in handle if _SWAP_LINE.match(line)]
+    except (IOError, OSError):
+        return []
+
+
+def _sysctl_marked(directory, marker):
+    marked = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(directory), "*.conf"))):
+        try:
+            with open(path, errors="replace") as handle:
+                if any(line.startswith(marker) for line in handle):
+                    marked.append(path)
+        except (IOError, OSError):
+            continue
+    return marked
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -203,10 +284,16 @@ def main():
             check_docker=dict(type="bool", default=True),
             docker_bin=dict(type="str", default="docker"),
             python_modules=dict(type="list", elements="str", default=["requests"]),
+            packages=dict(type="list", elements="str", default=["libjemalloc2"]),
+            fstab_path=dict(type="path", default="/etc/fstab"),
+            sysctl_dir=dict(type="path", default="/etc/sysctl.d"),
+            sysctl_marker=dict(type="str", default="# Unified-memory serving host (sparkops.appliance host_tuning)"),
         ),
         supports_check_mode=True,
     )
     p = module.params
+    if not p["sysctl_marker"].strip():
+        module.fail_json(msg="sysctl_marker is empty: every sysctl.d file would count as host_tuning's. Give its marker line.")
     try:
         with open(p["meminfo_path"]) as handle:
             fields = parse_meminfo(handle.read())
@@ -223,6 +310,9 @@ def main():
         "spark_gpu": _gpu(module, p["check_gpu"], p["nvidia_smi"]),
         "spark_docker": _docker(module, p["check_docker"], p["docker_bin"]),
         "spark_python": _python(p["python_modules"]),
+        "spark_package_files": _package_files(module, p["packages"]),
+        "spark_fstab_swap": _fstab_swap(p["fstab_path"]),
+        "spark_sysctl_marked": _sysctl_marked(p["sysctl_dir"], p["sysctl_marker"]),
     }
     module.exit_json(changed=False, ansible_facts=facts)
 

@@ -22,9 +22,9 @@ ROLE_PLAY = ("- hosts: all\n  gather_facts: true\n  gather_subset: ['!all', '!mi
              "  roles:\n    - sparkops.appliance.host_tuning\n")
 
 
-def play(tmp_path, cases, playbook_text=ROLE_PLAY):
+def play(tmp_path, cases, playbook_text=ROLE_PLAY, path_prefix=None):
     """Run the role (or playbook_text) in check mode on one local host per case ({host: vars});
-    {host: {task name: result}}."""
+    {host: {task name: result}}. path_prefix goes in front of PATH (fake programs)."""
     playbook = tmp_path / "pb.yml"
     playbook.write_text(playbook_text)
     common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "host_tuning_swap_off": False,
@@ -33,6 +33,8 @@ def play(tmp_path, cases, playbook_text=ROLE_PLAY):
     inventory.write_text(json.dumps({"all": {"vars": common, "hosts": cases}}))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
                ANSIBLE_NOCOLOR="1")
+    if path_prefix:
+        env["PATH"] = path_prefix + os.pathsep + env["PATH"]
     proc = subprocess.run(["ansible-playbook", "-i", str(inventory), "--check", str(playbook)],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300, check=False)
     out = stdout_json(proc)
@@ -90,3 +92,54 @@ def test_swap_off_now_follows_preflights_swap_total(tmp_path):
     results = dict((host, results[host][SWAP_OFF]) for host in cases)
     assert "would have run" in results["swap-on"].get("msg", ""), results
     assert results["swap-off"].get("false_condition"), results
+
+
+DPKG_QUERY = """#!/bin/sh
+if [ "$1" = -L ] && [ "$2" = libjemalloc2 ]; then
+  printf '/.\\n/usr/lib/aarch64-linux-gnu/libjemalloc.so.2\\n'
+else
+  echo "dpkg-query: package '$2' is not installed" >&2; exit 1
+fi
+"""
+
+
+def test_reads_preflights_facts_instead_of_asking_again(tmp_path):
+    """Where preflight's spark_facts ran, host_tuning takes the fstab's swap lines, the marked
+    sysctl.d files and jemalloc's file list from it (no find, no dpkg-query, no replace where
+    there is no swap line); where it did not, the role asks the host itself."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dpkg-query").write_text(DPKG_QUERY)
+    (bin_dir / "dpkg-query").chmod(0o755)
+    sysctl_dir = tmp_path / "sysctl.d"
+    sysctl_dir.mkdir()
+    stale = sysctl_dir / "50-sparkops-old.conf"
+    stale.write_text("# Unified-memory serving host (sparkops.appliance host_tuning).\n")
+    for name, text in (("no-swap", "UUID=a / ext4 defaults 0 1\n"), ("swap", "/swap.img none swap sw 0 0\n")):
+        (tmp_path / (name + ".fstab")).write_text(text)
+    cases = {"facts-no-swap": {"fstab": "no-swap"}, "facts-swap": {"fstab": "swap"}, "no-facts": {}}
+    proc, results = play(
+        tmp_path, {host: dict(case, host_tuning_swap_off=True, host_tuning_jemalloc=True, host_tuning_sysctl_apply=False)
+                   for host, case in cases.items()},
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - sparkops.appliance.spark_facts: {meminfo_path: /proc/meminfo, disk_path: '%s', check_gpu: false,"
+        " check_docker: false, fstab_path: '%s/{{ fstab }}.fstab', sysctl_dir: '%s'}\n"
+        "      when: fstab is defined\n"
+        "    - ansible.builtin.setup: {gather_subset: [min, virtual, hardware]}\n"
+        "    - ansible.builtin.include_role: {name: sparkops.appliance.host_tuning}\n" % (tmp_path, tmp_path, sysctl_dir),
+        path_prefix=str(bin_dir))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    jemalloc = "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"
+    for host in cases:
+        got = results[host]
+        from_facts = host != "no-facts"
+        assert got["Find sysctl.d files an earlier run wrote at another path"].get("skipped", False) is from_facts, (host, got)
+        assert got["Find the jemalloc shared library"].get("skipped", False) is from_facts, (host, got)
+        assert got["Record the jemalloc path for LD_PRELOAD"]["ansible_facts"]["spark_jemalloc_path"] == jemalloc, host
+        assert got["Install the jemalloc package (the package lists refreshed at most daily)"].get("skipped"), host
+        removed = [item["item"] for item in got["Remove sysctl.d files an earlier run wrote at another path"].get("results", [])]
+        assert removed == ([str(stale)] if from_facts else []), (host, removed)
+    assert results["facts-no-swap"]["Comment out swap lines in /etc/fstab"].get("skipped") is True
+    for host in ("facts-swap", "no-facts"):
+        assert not results[host]["Comment out swap lines in /etc/fstab"].get("skipped", False), host
+    assert stale.exists()   # check mode

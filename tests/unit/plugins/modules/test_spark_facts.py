@@ -120,3 +120,55 @@ def test_tells_which_python_modules_import(meminfo):
                         "python_modules": ["json", "sparkops_no_such_module"]})["ansible_facts"]
     assert facts["spark_python"] == {"executable": sys.executable,
                                      "modules": {"json": True, "sparkops_no_such_module": False}}
+
+
+# dpkg-query as Debian's answers: the files of an installed package, rc 1 and a message for any other.
+DPKG_QUERY = """if [ "$1" = -L ] && [ "$2" = libjemalloc2 ]; then
+  printf '/.\\n/usr\\n/usr/lib/aarch64-linux-gnu/libjemalloc.so.2\\n/usr/share/doc/libjemalloc2\\n'
+else
+  echo "dpkg-query: package '$2' is not installed" >&2; exit 1
+fi
+"""
+
+MARKER = "# Unified-memory serving host (sparkops.appliance host_tuning)"
+
+
+def test_reads_what_host_tuning_would_ask_for(tmp_path, meminfo):
+    """The three host readings host_tuning takes from here instead of paying a call for each."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_program(bin_dir, "dpkg-query", DPKG_QUERY)
+    fstab = tmp_path / "fstab"
+    fstab.write_text("UUID=abc / ext4 defaults 0 1\n"
+                     "/swap.img\tnone\tswap\tsw\t0\t0\n"
+                     "#/old.swap none swap sw 0 0\n"
+                     "  /dev/sdb2 none swap defaults 0 0\n"
+                     "tmpfs /swapdir tmpfs defaults 0 0\n")
+    sysctl_dir = tmp_path / "sysctl.d"
+    sysctl_dir.mkdir()
+    (sysctl_dir / "90-sparkops.conf").write_text("# Ansible managed\n%s.\nvm.min_free_kbytes = 65536\n" % MARKER)
+    (sysctl_dir / "50-old-sparkops.conf").write_text("%s.\nvm.vfs_cache_pressure = 200\n" % MARKER)
+    (sysctl_dir / "10-other.conf").write_text("vm.swappiness = 10 %s, in the middle of a line\n" % MARKER)
+    (sysctl_dir / "notes.txt").write_text(MARKER + "\n")
+    facts = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False,
+                        "packages": ["libjemalloc2", "sparkops-not-installed"],
+                        "fstab_path": str(fstab), "sysctl_dir": str(sysctl_dir)},
+                       check=True, path_prefix=str(bin_dir))["ansible_facts"]
+    assert facts["spark_package_files"] == {
+        "libjemalloc2": ["/.", "/usr", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2", "/usr/share/doc/libjemalloc2"],
+        "sparkops-not-installed": []}
+    assert facts["spark_fstab_swap"] == ["/swap.img\tnone\tswap\tsw\t0\t0", "  /dev/sdb2 none swap defaults 0 0"]
+    assert facts["spark_sysctl_marked"] == [str(sysctl_dir / "50-old-sparkops.conf"), str(sysctl_dir / "90-sparkops.conf")]
+
+
+def test_missing_fstab_and_sysctl_dir_read_as_empty(tmp_path, meminfo):
+    facts = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False, "packages": [],
+                        "fstab_path": str(tmp_path / "no-fstab"), "sysctl_dir": str(tmp_path / "no-dir")})["ansible_facts"]
+    assert facts["spark_package_files"] == {}
+    assert facts["spark_fstab_swap"] == []
+    assert facts["spark_sysctl_marked"] == []
+
+
+def test_an_empty_sysctl_marker_is_refused(meminfo):
+    result = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False, "sysctl_marker": " "})
+    assert result.get("failed") is True and "sysctl_marker" in result["msg"]
