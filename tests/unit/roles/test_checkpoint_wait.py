@@ -46,7 +46,9 @@ def test_the_wait_is_one_bounded_async_status_task_not_a_recursive_include():
 
 
 def test_waits_for_a_job_that_outlasts_several_polls(tmp_path):
-    proc, tasks = run(tmp_path, job_s=4, timeout_s=60)
+    # 12 s against a 1 s poll interval: at least 3 polls even where each poll takes 3 s more on a
+    # busy machine (a 4 s job ended after 2 polls under `pytest -n 2` on 2 cores).
+    proc, tasks = run(tmp_path, job_s=12, timeout_s=60)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     wait = tasks["Checkpoint | wait for the transfer"]
     assert wait["finished"] == 1 and wait["attempts"] >= 3, wait
