@@ -9,7 +9,8 @@ in the same run and alternating, times for 2 and for N Sparks (--limit):
   * facts   a play that only gathers facts (the least any run pays: a connection and `setup`)
   * no-op   site.yml on the converged Sparks (it must report changed=0)
 and prints both, their ratio (target <= 10) and the no-op time of N Sparks over that of 2
-(target <= 1.5). With --profile, the no-op run on 2 Sparks also prints the 10 slowest tasks
+(target <= 1.5), with the CPU seconds each no-op cost the controller and the whole machine
+(/proc/stat: the lab Sparks' own work shares these cores) and the least wall time that leaves. With --profile, the no-op run on 2 Sparks also prints the 10 slowest tasks
 (ansible.posix.profile_tasks). With --before DIR (a checkout of another commit, e.g. made by
 `git archive`), the no-op on 2 Sparks is also timed with that checkout's site.yml and ansible.cfg,
 on the same Sparks, in every round (unprofiled, alternating with this checkout's runs), and
@@ -78,11 +79,20 @@ def write_inventory(inv_dir, count, subnet):
     return sorted(hosts, key=lambda h: int(h.rsplit("-", 1)[1]))
 
 
+def machine_busy_s():
+    """CPU seconds every process of this machine has used since boot (user, nice, system, irq,
+    softirq of /proc/stat): the controller, the lab Sparks' own work, their vLLMs, the Docker engine."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = f.readline().split()
+    return sum(int(fields[i]) for i in (1, 2, 3, 6, 7)) / os.sysconf("SC_CLK_TCK")
+
+
 class Runner:
     def __init__(self, inv_dir, env):
         self.inv_dir = inv_dir
         self.env = env
         self.last_cpu = 0.0     # CPU seconds (user + sys) of the last run and what it started, on this machine
+        self.last_machine = 0.0  # CPU seconds every process of this machine used during the last run
 
     def playbook(self, book, *extra, project=ROOT, profile=False, check=True):
         env = dict(self.env, ANSIBLE_CONFIG=os.path.join(project, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
@@ -91,10 +101,12 @@ class Runner:
             env["PROFILE_TASKS_TASK_OUTPUT_LIMIT"] = "10"
             env["PROFILE_TASKS_SORT_ORDER"] = "descending"
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        busy = machine_busy_s()
         start = time.monotonic()
         res = subprocess.run(["ansible-playbook", "-i", self.inv_dir, book] + list(extra), env=env, cwd=project,
                              capture_output=True, text=True, check=False)
         took = time.monotonic() - start
+        self.last_machine = machine_busy_s() - busy
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         self.last_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         out = res.stdout + res.stderr
@@ -157,7 +169,8 @@ def main():
         # recycle script holds it, so a run without it would rewrite that script (not a no-op).
         took, out = run.playbook(site, *SETTLE)
         print("first converge of %d Sparks: %.1f s (changed=%d)" % (len(hosts), took, changed_total(out)), flush=True)
-        times = {"facts": {2: [], a.sparks: []}, "noop": {2: [], a.sparks: []}, "cpu": {2: [], a.sparks: []}}
+        times = {"facts": {2: [], a.sparks: []}, "noop": {2: [], a.sparks: []}, "cpu": {2: [], a.sparks: []},
+                 "machine": {2: [], a.sparks: []}}
         before = os.path.abspath(a.before) if a.before else None
         before_noop = []
         for rnd in range(a.rounds):
@@ -173,8 +186,10 @@ def main():
                 took, out = run.playbook(site, "--limit", limit, *SETTLE)
                 times["noop"][count].append(took)
                 times["cpu"][count].append(run.last_cpu)
-                print("round %d, %d Sparks: facts %.1f s, no-op %.1f s (changed=%d, controller CPU %.1f s)"
-                      % (rnd + 1, count, times["facts"][count][-1], took, changed_total(out), run.last_cpu), flush=True)
+                times["machine"][count].append(run.last_machine)
+                print("round %d, %d Sparks: facts %.1f s, no-op %.1f s (changed=%d, controller CPU %.1f s, machine CPU %.1f s)"
+                      % (rnd + 1, count, times["facts"][count][-1], took, changed_total(out), run.last_cpu, run.last_machine),
+                      flush=True)
                 if changed_total(out):
                     print("  WARNING: the no-op run changed something:\n" + out[-3000:], flush=True)
         if a.profile:
@@ -211,6 +226,12 @@ def main():
         print("  controller CPU of a no-op: 2 Sparks %.1f s, %d Sparks %.1f s; on %d cores the %d-Spark run "
               "needs at least %.1f s wall = %.2fx the 2-Spark run" % (c2, a.sparks, cbig, cores, a.sparks,
                                                                       cbig / cores, cbig / cores / n2))
+        # Everything on this machine (the lab Sparks' modules, their idle vLLMs, the Docker engine
+        # too): the floor for this lab, which real Sparks (their own cores each) do not have.
+        m2, mbig = med(times["machine"][2]), med(times["machine"][a.sparks])
+        print("  machine CPU of a no-op (every process): 2 Sparks %.1f s, %d Sparks %.1f s; on %d cores the %d-Spark "
+              "run needs at least %.1f s wall = %.2fx the 2-Spark run" % (m2, a.sparks, mbig, cores, a.sparks,
+                                                                          mbig / cores, mbig / cores / n2))
     finally:
         if a.keep:
             print("kept: inventory %s (remove with: ansible-playbook -i %s %s -e lab_state=absent)" % (inv_dir, inv_dir, lab))
