@@ -10,7 +10,8 @@ in the same run and alternating, times for 2 and for N Sparks (--limit):
   * no-op   site.yml on the converged Sparks (it must report changed=0)
 and prints both, their ratio (target <= 10) and the no-op time of N Sparks over that of 2
 (target <= 1.5), with the CPU seconds each no-op cost the controller and the whole machine
-(/proc/stat: the lab Sparks' own work shares these cores) and the least wall time that leaves. With --profile, the no-op run on 2 Sparks also prints the 10 slowest tasks
+(/proc/stat: the lab Sparks' own work shares these cores) and the least wall time that leaves.
+With --profile, the no-op run on 2 Sparks also prints the 10 slowest tasks
 (ansible.posix.profile_tasks). With --before DIR (a checkout of another commit, e.g. made by
 `git archive`), the no-op on 2 Sparks is also timed with that checkout's site.yml and ansible.cfg,
 on the same Sparks, in every round (unprofiled, alternating with this checkout's runs), and
