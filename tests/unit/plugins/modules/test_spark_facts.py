@@ -1,11 +1,13 @@
 """spark_facts run as Ansible runs it (ansible localhost -m ...), on files the tests write."""
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from ansible_json import stdout_json
 
@@ -172,3 +174,20 @@ def test_missing_fstab_and_sysctl_dir_read_as_empty(tmp_path, meminfo):
 def test_an_empty_sysctl_marker_is_refused(meminfo):
     result = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False, "sysctl_marker": " "})
     assert result.get("failed") is True and "sysctl_marker" in result["msg"]
+
+
+def test_the_default_marker_is_the_one_host_tuning_writes_and_finds(tmp_path, meminfo):
+    """The marker has three homes: host_tuning's template writes it, the role's own find (where
+    preflight did not run) searches for it, and this module's default recognises it. A drift
+    between them would leave an earlier sysctl.d file behind without a word."""
+    template = open(os.path.join(ROOT, "roles", "host_tuning", "templates", "sysctl.conf.j2")).read()
+    written = [line for line in template.splitlines() if "{{" not in line and "{%" not in line]
+    tasks = yaml.safe_load(open(os.path.join(ROOT, "roles", "host_tuning", "tasks", "main.yml")))
+    find = [t["ansible.builtin.find"] for t in tasks if "ansible.builtin.find" in t]
+    assert len(find) == 1 and any(re.match(find[0]["contains"], line) for line in written), find
+    sysctl_dir = tmp_path / "sysctl.d"
+    sysctl_dir.mkdir()
+    (sysctl_dir / "90-sparkops.conf").write_text("# Ansible managed\n" + "\n".join(written) + "\n")
+    facts = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False, "packages": [],
+                        "sysctl_dir": str(sysctl_dir)})["ansible_facts"]
+    assert facts["spark_sysctl_marked"] == [str(sysctl_dir / "90-sparkops.conf")]
