@@ -1,0 +1,105 @@
+"""The one harness the unit tests use to run the collection's code: a module in this process (as
+community.docker tests its modules), or Ansible itself in a subprocess where the wiring is the thing
+tested (a role's tasks, a playbook, a callback).
+
+- ROOT: the repository root (the collection root).
+- run_module(module, args, check=False, diff=False): the module's main() in this process under
+  ansible.module_utils.testing.patch_module_args; returns its result dict (failed results too).
+- ansible_env(**extra): the environment for an ansible / ansible-playbook subprocess (the repo's
+  ansible.cfg, no colour, the JSON stdout callback unless told otherwise).
+- run_playbook(playbook, inventory=..., extra_vars=..., ...): ansible-playbook in a subprocess;
+  returns the CompletedProcess. play_json(...) the same, parsed from the JSON callback.
+- host_results(doc, host): every task result of one host in a JSON-callback document, in order.
+- batch_inventory(tmp_path, hosts): an inventory file where every host is this machine (local
+  connection, this Python), each with its own variables: one ansible-playbook start checks many
+  values at once (each host a case), instead of one start per value.
+"""
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_json import stdout_json
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_module(module, args, check=False, diff=False):
+    """module.main() in this process with args; the result dict it printed (exit_json or fail_json)."""
+    args = dict(args)
+    if check:
+        args["_ansible_check_mode"] = True
+    if diff:
+        args["_ansible_diff"] = True
+    out = io.StringIO()
+    with patch_module_args(args), contextlib.redirect_stdout(out):
+        try:
+            module.main()
+        except SystemExit:
+            pass
+    text = out.getvalue()
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise AssertionError("%s printed no JSON result: %r" % (module.__name__, text[-3000:]))
+
+
+def ansible_env(stdout_callback="ansible.builtin.json", **extra):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_RETRY_FILES_ENABLED="0")
+    if stdout_callback:
+        env["ANSIBLE_STDOUT_CALLBACK"] = stdout_callback
+        env["ANSIBLE_LOAD_CALLBACK_PLUGINS"] = "1"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_playbook(playbook, inventory="localhost,", extra_vars=None, args=(), env=None, timeout=300, connection="local"):
+    """ansible-playbook in a subprocess from the repo root; extra_vars go in as one JSON -e."""
+    cmd = ["ansible-playbook", "-i", str(inventory), str(playbook)]
+    if connection:
+        cmd += ["-c", connection]
+    if extra_vars:
+        cmd += ["-e", json.dumps(extra_vars)]
+    cmd += list(args)
+    return subprocess.run(cmd, env=env or ansible_env(), cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def play_json(playbook, **kwargs):
+    """run_playbook under the JSON callback, parsed (the test fails with stderr when it is not JSON)."""
+    kwargs.setdefault("env", ansible_env())
+    return stdout_json(run_playbook(playbook, **kwargs))
+
+
+def host_results(doc, host):
+    """[(play name, task name, result)] of one host in a JSON-callback document, in run order."""
+    out = []
+    for play in doc.get("plays", []):
+        for task in play.get("tasks", []):
+            if host in task.get("hosts", {}):
+                out.append((play["play"]["name"], task["task"]["name"], task["hosts"][host]))
+    return out
+
+
+def host_failure(doc, host):
+    """The first failed (or unreachable) result of a host, or None."""
+    for _play, _task, result in host_results(doc, host):
+        if result.get("failed") or result.get("unreachable"):
+            return result
+    return None
+
+
+def batch_inventory(tmp_path, hosts, group="sparks", name="batch-inventory.json", group_vars=None):
+    """An inventory where every host runs on this machine with its own variables (one case each)."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"all": {"children": {group: {"hosts": {h: dict(local, **(v or {})) for h, v in hosts.items()},
+                                               "vars": dict(group_vars or {})}}}}
+    path = os.path.join(str(tmp_path), name)
+    with open(path, "w") as handle:
+        json.dump(inventory, handle)
+    return path
