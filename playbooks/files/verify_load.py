@@ -10,7 +10,10 @@ One JSON argument (see playbooks/verify.yml); prints one JSON report:
   decode-heavy (short prompt, many tokens out);
 - rounds: a burst like the concurrency phase, an idle pause, then /proc/meminfo and the new
   kernel-log error lines; the band check says whether memory returns to a stable band.
-Latencies: TTFT (first streamed token), inter-token (between streamed tokens), end to end.
+Latencies: TTFT (first streamed token), TPOT (time per output token after the first, per request:
+(e2e - TTFT) / (tokens - 1), as vLLM's own serving benchmark reports it), inter-token (the gaps between
+streamed events as this client read them: events that arrive in one read give gaps of 0, so it
+describes the network and the reader as much as the server), end to end.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -110,7 +113,7 @@ async def _read_body(reader, headers):
 
 
 async def completion(cfg, prompt, max_tokens):
-    """One streamed completion: {'ok', 'ttft', 'itl': [...], 'e2e', 'tokens', 'error'}."""
+    """One streamed completion: {'ok', 'ttft', 'itl': [...], 'tpot', 'e2e', 'tokens', 'error'}."""
     url = urlsplit(cfg["url"])
     body = json.dumps({"model": cfg["model"], "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                        "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
@@ -119,7 +122,8 @@ async def completion(cfg, prompt, max_tokens):
     if cfg.get("api_key"):
         head.append("Authorization: Bearer %s" % cfg["api_key"])
     start = time.monotonic()
-    result = {"ok": False, "ttft": None, "itl": [], "e2e": None, "tokens": 0, "error": ""}
+    result = {"ok": False, "ttft": None, "itl": [], "tpot": None, "e2e": None, "tokens": 0, "error": ""}
+    streamed = 0
     writer = None
     try:
         reader, writer = await asyncio.wait_for(
@@ -152,6 +156,7 @@ async def completion(cfg, prompt, max_tokens):
                 if chunk.get("usage"):
                     result["tokens"] = chunk["usage"].get("completion_tokens", result["tokens"])
                 if any(c.get("text") for c in chunk.get("choices", [])):
+                    streamed += 1
                     now = time.monotonic()
                     if last is None:
                         result["ttft"] = now - start
@@ -159,6 +164,8 @@ async def completion(cfg, prompt, max_tokens):
                         result["itl"].append(now - last)
                     last = now
         result["e2e"] = time.monotonic() - start
+        result["tokens"] = result["tokens"] or streamed
+        result["tpot"] = tpot(result["ttft"], result["e2e"], result["tokens"])
         result["ok"] = result["ttft"] is not None
         if not result["ok"]:
             result["error"] = "no token streamed"
@@ -168,6 +175,13 @@ async def completion(cfg, prompt, max_tokens):
         if writer is not None:
             writer.close()
     return result
+
+
+def tpot(ttft, e2e, tokens):
+    """Time per output token after the first, in s: (e2e - ttft) / (tokens - 1); None below 2 tokens."""
+    if ttft is None or e2e is None or tokens < 2:
+        return None
+    return (e2e - ttft) / (tokens - 1)
 
 
 def prompt_of(tokens):
@@ -186,7 +200,7 @@ async def run_phase(cfg, jobs, concurrency):
             try:
                 result = await asyncio.wait_for(completion(cfg, prompt_of(prompt_tokens), max_tokens), cfg["request_timeout_s"])
             except asyncio.TimeoutError:
-                result = {"ok": False, "ttft": None, "itl": [], "e2e": None, "tokens": 0,
+                result = {"ok": False, "ttft": None, "itl": [], "tpot": None, "e2e": None, "tokens": 0,
                           "error": "no answer within %s s" % cfg["request_timeout_s"]}
             result["kind"] = kind
             results.append(result)
@@ -199,6 +213,7 @@ def summarise(results, wall):
     ok = [r for r in results if r["ok"]]
     out = {"requests": len(results), "failed": len(results) - len(ok), "wall_s": round(wall, 2),
            "ttft": percentiles([r["ttft"] for r in ok]),
+           "tpot": percentiles([r["tpot"] for r in ok if r["tpot"] is not None]),
            "inter_token": percentiles([x for r in ok for x in r["itl"]]),
            "e2e": percentiles([r["e2e"] for r in ok]),
            "output_tokens": sum(r["tokens"] for r in ok),

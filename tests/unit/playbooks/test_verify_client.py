@@ -72,3 +72,46 @@ def test_plot_is_a_valid_png_with_the_legend_colours():
     assert len(raw) == height * (1 + width * 3)
     for colour in plotter.LEGEND.values():
         assert bytes(colour) in raw, colour
+
+
+def test_tpot_per_request_and_none_below_two_tokens():
+    assert client.tpot(0.5, 2.5, 5) == 0.5
+    assert client.tpot(0.5, 2.5, 1) is None and client.tpot(None, 2.5, 5) is None
+
+
+def test_tpot_holds_when_streamed_events_arrive_together():
+    """A server that sends its tokens in pairs (one write each, 60 ms apart), as a busy host or a
+    coalescing network delivers them: half the inter-token gaps the client reads are 0, so their p50 is
+    0; TPOT, (e2e - TTFT) / (tokens - 1), still measures the server's pace."""
+    import asyncio
+    import json as _json
+
+    def event(text):
+        return ("data: %s\n\n" % _json.dumps({"choices": [{"text": text}]})).encode()
+
+    async def serve(reader, writer):
+        while (await reader.readline()).strip():
+            pass
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        writer.write(event("a"))
+        await writer.drain()
+        for _pair in range(3):
+            await asyncio.sleep(0.06)
+            writer.write(event("b") + event("c"))
+            await writer.drain()
+        writer.write(("data: %s\n\ndata: [DONE]\n\n" % _json.dumps({"choices": [], "usage": {"completion_tokens": 7}})).encode())
+        await writer.drain()
+        writer.close()
+
+    async def run():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        cfg = {"url": "http://127.0.0.1:%d" % port, "model": "m", "request_timeout_s": 10}
+        async with server:
+            return await client.completion(cfg, "hello", 7)
+
+    result = asyncio.run(run())
+    assert result["ok"] and result["tokens"] == 7, result
+    summary = client.summarise([dict(result, kind="decode")], 1.0)
+    assert summary["inter_token"]["n"] == 6 and summary["inter_token"]["p50_ms"] < 5.0, summary
+    assert summary["tpot"]["n"] == 1 and 20.0 < summary["tpot"]["p50_ms"] < 200.0, summary
