@@ -13,8 +13,12 @@ DEPS_STAMP := build/.deps-$(shell cat requirements.txt requirements-test.txt | s
 LAB_IMAGE = $(shell lab/image/tag.sh)
 LAB_RUNTIME_IMAGE = $(shell lab/runtime/tag.sh)
 LAB_MODEL_DIR := /var/cache/sparkops/models/tiny-llama
+# The Molecule scenarios in two lanes side by side (tests/run_scenarios.py): a lane's scenarios one
+# after the other. Scenarios that build into the same runtime image repository share a lane.
+MOLECULE_LANES ?= rollout,serve,memwatch,checkpoint production,cluster,ple,drivers
+TIMED := tests/timed.sh
 
-.PHONY: lab lab-down lab-image runtime-image lab-model engine deps test checks unit lint sanity molecule clean
+.PHONY: lab lab-down lab-image runtime-image lab-model lab-model-timed engine deps test checks unit lint sanity molecule clean
 
 ## make lab: engine + lab images + tiny model + lab Sparks, then the site playbook on them
 lab: deps lab-model
@@ -29,10 +33,12 @@ lab-down: deps
 ## make test: everything CI runs. The unit tests, then lint and sanity, run one after the other
 ## while the lab images build (on a fresh machine mostly downloads and disk, minutes CI's budget
 ## counts); each side's output is printed whole when it ends. The Molecule scenarios (which need those
-## images) run after, one at a time.
+## images) run after, in two lanes. At the end: the wall time of every suite and scenario.
 test: deps
-	$(MAKE) --no-print-directory -j2 --output-sync=target checks lab-model
+	@mkdir -p build && rm -f build/times.tsv
+	$(MAKE) --no-print-directory -j2 --output-sync=target checks lab-model-timed
 	$(MAKE) --no-print-directory molecule
+	@$(PYTHON) tests/run_scenarios.py --report build/times.tsv
 	@echo "make test: all suites passed"
 
 ## make checks: the suites that need no lab image, one after the other (never beside each other)
@@ -42,16 +48,21 @@ checks: deps
 	$(MAKE) --no-print-directory sanity
 
 unit: deps
-	$(PYTHON) -m pytest -q -n auto tests/unit   # one worker per core (pytest-xdist)
+	$(TIMED) unit $(PYTHON) -m pytest -q -n auto tests/unit   # one worker per core (pytest-xdist)
 
 lint: deps
-	ansible-lint --offline
+	$(TIMED) lint ansible-lint --offline
 
 sanity: deps
-	tests/sanity/run.sh
+	$(TIMED) sanity tests/sanity/run.sh
 
 molecule: deps lab-model
-	SPARKOPS_LAB_IMAGE=$(LAB_IMAGE) SPARKOPS_LAB_RUNTIME_IMAGE=$(LAB_RUNTIME_IMAGE) molecule test --all
+	SPARKOPS_LAB_IMAGE=$(LAB_IMAGE) SPARKOPS_LAB_RUNTIME_IMAGE=$(LAB_RUNTIME_IMAGE) \
+	  $(PYTHON) tests/run_scenarios.py --lanes "$(MOLECULE_LANES)"
+
+## the lab images and model, timed (make test's image side)
+lab-model-timed: deps
+	$(TIMED) "lab images and model" $(MAKE) --no-print-directory lab-model
 
 engine:
 	lab/engine.sh

@@ -75,7 +75,7 @@ def servers():
     """The unit's server (plugin) and a stock server of the same image, both warmed up."""
     wait_healthy(PLUGIN_PORT, SERVER)
     args = unit_docker_args()
-    image = next((a for a in args if a.startswith("sparkops/molecule-vllm-runtime:")), None)
+    image = next((a for a in args if a.startswith("sparkops/molecule-ple-runtime:")), None)
     assert image, args
     vllm_args = args[args.index(image) + 1:]
     vllm_args[vllm_args.index("--port") + 1] = str(STOCK_PORT)
@@ -127,7 +127,7 @@ def test_the_image_label_is_the_plugin_digest_so_the_tag_follows_the_plugin(serv
         with open(os.path.join(base, name), encoding="utf-8") as f:
             texts.append(f.read().rstrip())  # the file lookup strips trailing whitespace
     digest = hashlib.sha256("\n--file--\n".join(texts).encode("utf-8")).hexdigest()
-    image = next(a for a in unit_docker_args() if a.startswith("sparkops/molecule-vllm-runtime:"))
+    image = next(a for a in unit_docker_args() if a.startswith("sparkops/molecule-ple-runtime:"))
     label = docker("image", "inspect", "-f", '{{index .Config.Labels "io.sparkops.ple-plugin"}}', image).stdout.strip()
     assert label == digest
     dockerfile = docker("exec", SPARK, "cat", "/var/lib/sparkops/runtime-image/Dockerfile").stdout
@@ -225,7 +225,7 @@ def test_z_a_stale_pack_stops_the_start_naming_the_table(servers, tmp_path):
     """Last: the checkpoint's shard gets a new mtime (as if rewritten), the pack is now stale."""
     shard = MODEL + "/model.safetensors"
     mtime = docker("exec", SPARK, "stat", "-c", "%Y", shard).stdout.strip()
-    image = next(a for a in unit_docker_args() if a.startswith("sparkops/molecule-vllm-runtime:"))
+    image = next(a for a in unit_docker_args() if a.startswith("sparkops/molecule-ple-runtime:"))
     assert docker("exec", SPARK, "touch", "-d", "@%d" % (int(mtime) + 60), shard).returncode == 0
     try:
         (tmp_path / "stale.yml").write_text(STALE_PLAY)
