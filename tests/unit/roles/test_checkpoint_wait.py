@@ -3,39 +3,55 @@
 """The checkpoint role's wait for its async transfer (tasks/wait.yml): one async_status task with
 until/retries bounded by checkpoint_fetch_timeout_s, no include that includes itself, and a clear
 message when the bound runs out while the job still runs. Runs on the local host; the async job is
-a plain `sleep` standing in for the transfer."""
-import os
-import subprocess
-import sys
+a plain `sleep` standing in for the transfer.
 
+Both cases run in ONE ansible-playbook start: each is a host of a batch inventory (this machine,
+local connection) with its own job length, bound, checkpoint dir and progress file as host vars
+(the role has no vars/ that would outrank them; the play sets none)."""
+import os
+
+import pytest
 import yaml
 
-from ansible_json import stdout_json
+from harness import ROOT, batch_inventory, host_results, play_json
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 WAIT = os.path.join(ROOT, "roles", "checkpoint", "tasks", "wait.yml")
 
+# case host: (job_s, timeout_s)
+CASES = {
+    # 12 s against a 1 s poll interval: at least 3 polls even where each poll takes 3 s more on a
+    # busy machine (a 4 s job ended after 2 polls under `pytest -n 2` on 2 cores).
+    "outlasts-polls": (12, 60),
+    "still-running": (30, 2),
+}
 
-def run(tmp_path, job_s, timeout_s):
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("ckpt-wait")
+    hosts = {}
+    for host, (job_s, timeout_s) in CASES.items():
+        hosts[host] = {"job_s": job_s, "checkpoint_dir": str(tmp_path / host / "ckpt"),
+                       "checkpoint_progress_file": str(tmp_path / host / "progress.json"),
+                       "checkpoint_progress_interval_s": 1, "checkpoint_fetch_timeout_s": timeout_s}
     playbook = tmp_path / "pb.yml"
     playbook.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "gather_facts": False,
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                 "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_progress_file": str(tmp_path / "progress.json"),
-                 "checkpoint_progress_interval_s": 1, "checkpoint_fetch_timeout_s": timeout_s},
+        "hosts": "sparks", "gather_facts": False,
         "tasks": [
-            {"name": "a stand-in transfer", "ansible.builtin.command": "sleep %d" % job_s,
+            {"name": "a stand-in transfer", "ansible.builtin.command": "sleep {{ job_s }}",
              "async": 120, "poll": 0, "register": "__checkpoint_fetch_job"},
             {"name": "the role's wait", "ansible.builtin.include_role": {"name": "sparkops.appliance.checkpoint", "tasks_from": "wait"}},
             {"name": "result", "ansible.builtin.debug": {"var": "__checkpoint_fetch_result.finished"}},
         ]}]))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run(["ansible-playbook", "-i", "localhost,", str(playbook)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-    tasks = {}
-    for task in stdout_json(proc)["plays"][0]["tasks"]:
-        tasks[task["task"]["name"].split(" : ")[-1]] = task["hosts"]["localhost"]
-    return proc, tasks
+    doc = play_json(playbook, inventory=batch_inventory(tmp_path, hosts))
+    out = {}
+    for host in CASES:
+        tasks = {}
+        for _play, name, result in host_results(doc, host):
+            tasks[name.split(" : ")[-1]] = result
+        stats = doc["stats"][host]
+        out[host] = (stats, tasks)
+    return out
 
 
 def test_the_wait_is_one_bounded_async_status_task_not_a_recursive_include():
@@ -45,19 +61,19 @@ def test_the_wait_is_one_bounded_async_status_task_not_a_recursive_include():
     assert len(polls) == 1 and polls[0]["until"] and "checkpoint_fetch_timeout_s" in polls[0]["retries"]
 
 
-def test_waits_for_a_job_that_outlasts_several_polls(tmp_path):
-    # 12 s against a 1 s poll interval: at least 3 polls even where each poll takes 3 s more on a
-    # busy machine (a 4 s job ended after 2 polls under `pytest -n 2` on 2 cores).
-    proc, tasks = run(tmp_path, job_s=12, timeout_s=60)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+def test_waits_for_a_job_that_outlasts_several_polls(runs):
+    stats, tasks = runs["outlasts-polls"]
+    # the host's own run succeeded (what returncode 0 said when it ran alone)
+    assert stats["failures"] == 0 and stats["unreachable"] == 0 and "result" in tasks, (stats, tasks)
     wait = tasks["Checkpoint | wait for the transfer"]
     assert wait["finished"] == 1 and wait["attempts"] >= 3, wait
     assert tasks["Checkpoint | the transfer did not finish in time"].get("skipped")
 
 
-def test_a_job_still_running_at_the_bound_fails_saying_so_and_how_to_resume(tmp_path):
-    proc, tasks = run(tmp_path, job_s=30, timeout_s=2)
-    assert proc.returncode != 0
+def test_a_job_still_running_at_the_bound_fails_saying_so_and_how_to_resume(runs):
+    stats, tasks = runs["still-running"]
+    # the host's own run failed (what a non-zero returncode said when it ran alone)
+    assert stats["failures"] != 0 and tasks["Checkpoint | the transfer did not finish in time"].get("failed")
     msg = tasks["Checkpoint | the transfer did not finish in time"]["msg"]
     assert "checkpoint_fetch_timeout_s (2 s)" in msg and "may still be running" in msg and "Run the play again" in msg, msg
     assert tasks["Checkpoint | wait for the transfer"]["attempts"] == 4  # ceil(2 / 1) + 2 polls
