@@ -6,6 +6,7 @@ starts and treats a vanished container as stopped; the recycle script restarts a
 once and never a busy or stopped one; a bad recycle calendar is refused naming the variable."""
 import json
 import os
+import re
 import stat
 import shutil
 import subprocess
@@ -15,7 +16,9 @@ import time
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+import harness
+
+ROOT = harness.ROOT
 ROLE = os.path.join(ROOT, "roles", "serve")
 HELPER = os.path.join(ROLE, "files", "serve-unit")
 
@@ -25,45 +28,103 @@ PLAN = {"gmu": 0.786, "kv_cache_memory_bytes": 18049635041, "docker_memory_gib":
                    "kv_cache_dtype": "fp8", "mtp_enabled": True, "mtp_num_speculative_tokens": 3}}
 
 
-def render(tmp_path, **extra):
-    extra_vars = {"spark_memory_plan": PLAN, "spark_model_dir": "/srv/sparkops/models",
-                  "spark_model_name": "gemma-3n",
-                  "serve_image": "sparkops/vllm-runtime:0123456789ab", "out": str(tmp_path),
-                  "ansible_python_interpreter": sys.executable,
-                  # where systemd-analyze verify finds the executables on this machine
-                  "__serve_helper": HELPER,
-                  "__serve_recycle_script": str(tmp_path / "sparkops-serve-recycle.sh")}
-    extra_vars.update(extra)
-    playbook = tmp_path / "render.yml"
-    playbook.write_text(textwrap.dedent("""\
-        - hosts: localhost
-          gather_facts: true
-          gather_subset: [min]
-          vars_files:
-            - %(common)s/defaults/main.yml
-            - %(role)s/defaults/main.yml
-            - %(role)s/vars/main.yml
-          tasks:
-            - ansible.builtin.template:
-                src: %(role)s/templates/serve.service.j2
-                dest: "{{ out }}/sparkops-serve.service"
-                mode: "0644"
-            - ansible.builtin.template:
-                src: %(role)s/templates/serve.env.j2
-                dest: "{{ out }}/sparkops-serve.env"
-                mode: "0600"
-            - ansible.builtin.template:
-                src: "%(role)s/templates/serve-recycle.{{ item }}.j2"
-                dest: "{{ out }}/sparkops-serve-recycle.{{ item }}"
-                mode: "0755"
-              loop: [service, timer, sh]
-        """ % {"role": ROLE, "common": os.path.join(ROOT, "roles", "common")}))
-    vars_file = tmp_path / "vars.json"
-    vars_file.write_text(json.dumps(extra_vars))
-    r = subprocess.run(["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook),
-                        "-e", "@" + str(vars_file)], cwd=ROOT, capture_output=True, text=True, check=False)
+# Every variant the tests read, rendered by ONE ansible-playbook start (one host per variant, all
+# on this machine). Each host's variables come in as the play's last vars_files entry, after the
+# role's defaults and vars, so they win over both exactly as the -e of one run per variant did (the
+# play sets no facts and includes no vars that -e would also have outranked).
+VARIANTS = {
+    "default": {},
+    # the plan was made with MTP off
+    "bytes": {"serve_kv_sizing": "bytes", "serve_api_key": "s3cr%t$x",
+              "spark_memory_plan": dict(PLAN, inputs=dict(PLAN["inputs"], mtp_enabled=False))},
+    "cache": {"serve_cache_dir": "/data/vllm-cache"},
+}
+HAS_SYSTEMD_ANALYZE = shutil.which("systemd-analyze") is not None
+
+RENDER_PLAYBOOK = """\
+- hosts: "sparks:!calendar"
+  gather_facts: true
+  gather_subset: [min]
+  vars_files:
+    - %(common)s/defaults/main.yml
+    - %(role)s/defaults/main.yml
+    - %(role)s/vars/main.yml
+    - "{{ case_vars_file }}"
+  tasks:
+    - ansible.builtin.template:
+        src: %(role)s/templates/serve.service.j2
+        dest: "{{ out }}/sparkops-serve.service"
+        mode: "0644"
+    - ansible.builtin.template:
+        src: %(role)s/templates/serve.env.j2
+        dest: "{{ out }}/sparkops-serve.env"
+        mode: "0600"
+    - ansible.builtin.template:
+        src: "%(role)s/templates/serve-recycle.{{ item }}.j2"
+        dest: "{{ out }}/sparkops-serve-recycle.{{ item }}"
+        mode: "0755"
+      loop: [service, timer, sh]
+"""
+CALENDAR_PLAY = """\
+- hosts: calendar
+  gather_facts: false
+  tasks:
+    - name: a good value passes
+      ansible.builtin.include_tasks: %(role)s/tasks/recycle_calendar.yml
+      vars:
+        serve_recycle_on_calendar: "*-*-* 04:00:00"
+    - block:
+        - ansible.builtin.include_tasks: %(role)s/tasks/recycle_calendar.yml
+          vars:
+            serve_recycle_on_calendar: "every day; rm -rf /"
+        - ansible.builtin.fail:
+            msg: NOT REFUSED
+      rescue:
+        - ansible.builtin.copy:
+            content: "{{ ansible_failed_result.msg }}"
+            dest: "{{ out }}/refusal.txt"
+            mode: "0644"
+"""
+
+
+@pytest.fixture(name="renders", scope="module")
+def fixture_renders(tmp_path_factory):
+    """{variant: the directory its files were rendered to}; "calendar": where the calendar check wrote;
+    "run": the ansible-playbook run (default stdout callback)."""
+    base = tmp_path_factory.mktemp("render")
+    hosts, outs = {}, {}
+    for name, extra in VARIANTS.items():
+        out = base / name
+        out.mkdir()
+        case_vars = {"spark_memory_plan": PLAN, "spark_model_dir": "/srv/sparkops/models",
+                     "spark_model_name": "gemma-3n",
+                     "serve_image": "sparkops/vllm-runtime:0123456789ab", "out": str(out),
+                     "ansible_python_interpreter": sys.executable,
+                     # where systemd-analyze verify finds the executables on this machine
+                     "__serve_helper": HELPER,
+                     "__serve_recycle_script": str(out / "sparkops-serve-recycle.sh")}
+        case_vars.update(extra)
+        (out / "vars.json").write_text(json.dumps(case_vars))
+        hosts[name] = {"case_vars_file": str(out / "vars.json")}
+        outs[name] = out
+    text = RENDER_PLAYBOOK
+    if HAS_SYSTEMD_ANALYZE:  # the calendar check needs the host's systemd-analyze
+        outs["calendar"] = base / "calendar"
+        outs["calendar"].mkdir()
+        hosts["calendar"] = {"out": str(outs["calendar"])}
+        text += CALENDAR_PLAY
+    playbook = base / "render.yml"
+    playbook.write_text(text % {"role": ROLE, "common": os.path.join(ROOT, "roles", "common")})
+    r = harness.run_playbook(playbook, inventory=harness.batch_inventory(base, hosts), connection=None,
+                             env=harness.ansible_env(stdout_callback=None))
     assert r.returncode == 0, r.stdout + r.stderr
-    return (tmp_path / "sparkops-serve.service"), (tmp_path / "sparkops-serve.env")
+    outs["run"] = r
+    return outs
+
+
+def render(renders, variant="default"):
+    out = renders[variant]
+    return (out / "sparkops-serve.service"), (out / "sparkops-serve.env")
 
 
 needs_systemd = pytest.mark.skipif(
@@ -76,8 +137,8 @@ def verify(unit):
 
 
 @needs_systemd
-def test_rendered_unit_verifies_and_a_broken_one_does_not(tmp_path):
-    unit, _env = render(tmp_path)
+def test_rendered_unit_verifies_and_a_broken_one_does_not(renders, tmp_path):
+    unit, _env = render(renders)
     r = verify(unit)
     assert r.returncode == 0, r.stderr
     broken = tmp_path / "broken" / "sparkops-serve.service"
@@ -86,8 +147,8 @@ def test_rendered_unit_verifies_and_a_broken_one_does_not(tmp_path):
     assert verify(broken).returncode != 0
 
 
-def test_command_line_carries_the_plan_and_the_mtp_json(tmp_path):
-    unit, env = render(tmp_path)
+def test_command_line_carries_the_plan_and_the_mtp_json(renders):
+    unit, env = render(renders)
     text = unit.read_text()
     assert "--gpu-memory-utilization 0.786" in text
     assert "--memory 108072616755 --memory-swap 108072616755" in text
@@ -100,9 +161,9 @@ def test_command_line_carries_the_plan_and_the_mtp_json(tmp_path):
     assert "LD_PRELOAD=/usr/lib/" in env.read_text()
 
 
-def test_bytes_sizing_and_secrets_stay_off_the_command_line(tmp_path):
-    plan = dict(PLAN, inputs=dict(PLAN["inputs"], mtp_enabled=False))  # the plan was made with MTP off
-    unit, env = render(tmp_path, serve_kv_sizing="bytes", serve_api_key="s3cr%t$x", spark_memory_plan=plan)
+def test_bytes_sizing_and_secrets_stay_off_the_command_line(renders):
+    # VARIANTS["bytes"]: serve_kv_sizing=bytes, serve_api_key="s3cr%t$x", a plan made with MTP off
+    unit, env = render(renders, "bytes")
     text = unit.read_text()
     assert "--kv-cache-memory-bytes 18049635041" in text
     assert "--gpu-memory-utilization" not in text and "--speculative-config" not in text
@@ -110,26 +171,27 @@ def test_bytes_sizing_and_secrets_stay_off_the_command_line(tmp_path):
     assert "VLLM_API_KEY=s3cr%t$x" in env.read_text()
 
 
-def test_model_comes_from_the_shared_model_variables(tmp_path):
-    unit, _env = render(tmp_path)
+def test_model_comes_from_the_shared_model_variables(renders):
+    unit, _env = render(renders)
     text = unit.read_text()
     assert "/srv/sparkops/models/gemma-3n:/model:ro" in text
     assert "--served-model-name gemma-3n" in text
 
 
-def test_vllm_cache_is_kept_on_the_host(tmp_path):
+def test_vllm_cache_is_kept_on_the_host(renders):
     """VLLM_CACHE_ROOT is a host directory: a restart of the --rm container finds what the last start wrote."""
-    unit, env = render(tmp_path)
+    unit, env = render(renders)
     assert " --volume=/var/cache/sparkops/vllm:/var/cache/vllm " in unit.read_text()
     assert "VLLM_CACHE_ROOT=/var/cache/vllm" in env.read_text().splitlines()
-    unit, _env = render(tmp_path, serve_cache_dir="/data/vllm-cache")
+    unit, _env = render(renders, "cache")   # serve_cache_dir=/data/vllm-cache
     assert " --volume=/data/vllm-cache:/var/cache/vllm " in unit.read_text()
 
 
 # --- the unit's semantics (SPEC §6) -----------------------------------------------------------
 
-def test_unit_uses_the_helper_for_shm_start_bound_and_stop(tmp_path):
-    unit, _env = render(tmp_path)
+def test_unit_uses_the_helper_for_shm_start_bound_and_stop(renders):
+    rendered = renders["default"]
+    unit, _env = render(renders)
     text = unit.read_text()
     assert "find /dev/shm" not in text and "-delete" not in text
     assert "ExecStartPre=%s shm-clean --dir /dev/shm 'vllm*' 'psm_*'" % HELPER in text
@@ -139,27 +201,27 @@ def test_unit_uses_the_helper_for_shm_start_bound_and_stop(tmp_path):
             "-- /usr/bin/docker stop -t 30 sparkops-vllm\n" % HELPER) in text
     assert "ExecStopPost=%s stop-post --unit sparkops-serve.service" % HELPER in text
     assert "RestartPreventExitStatus=78\n" in text
-    recycle = (tmp_path / "sparkops-serve-recycle.service").read_text()
+    recycle = (rendered / "sparkops-serve-recycle.service").read_text()
     unit_section = recycle.split("[Service]")[0]
     for line in unit_section.splitlines():
         if line.startswith(("Requires=", "Requisite=", "BindsTo=", "PartOf=", "After=", "Upholds=", "Wants=")):
             raise AssertionError("the recycle job depends on the server (a restart propagates to it): " + line)
     # the drain (900), the old server's stop (60) and the new start up to /health (1200), and 60 s
     assert "\nTimeoutStartSec=2220\n" in recycle
-    script = (tmp_path / "sparkops-serve-recycle.sh").read_text()
+    script = (rendered / "sparkops-serve-recycle.sh").read_text()
     assert "ready_s=${SPARKOPS_RECYCLE_READY_TIMEOUT_S:-1260}\n" in script
     assert "systemctl try-restart --no-block \"$unit\"" in script
     assert "systemctl restart" not in script
 
 
 @needs_systemd
-def test_recycle_units_verify(tmp_path):
-    render(tmp_path)
-    script = tmp_path / "sparkops-serve-recycle.sh"
+def test_recycle_units_verify(renders):
+    rendered = renders["default"]
+    script = rendered / "sparkops-serve-recycle.sh"
     script.chmod(0o755)
-    r = verify(tmp_path / "sparkops-serve-recycle.service")
+    r = verify(rendered / "sparkops-serve-recycle.service")
     assert r.returncode == 0, r.stderr
-    r = verify(tmp_path / "sparkops-serve-recycle.timer")
+    r = verify(rendered / "sparkops-serve-recycle.timer")
     assert r.returncode == 0, r.stderr
 
 
@@ -353,10 +415,8 @@ esac
 
 
 @pytest.fixture(name="rendered")
-def fixture_rendered(tmp_path_factory):
-    out = tmp_path_factory.mktemp("render")
-    render(out)
-    return out
+def fixture_rendered(renders):
+    return renders["default"]
 
 
 @pytest.mark.parametrize("state, running, waiting, rc, restarts", [
@@ -391,33 +451,12 @@ def test_recycle_script(rendered, tmp_path, state, running, waiting, rc, restart
         assert time.monotonic() - t0 > 1 and "untouched" in r.stderr
 
 
-def test_a_bad_recycle_calendar_is_refused_naming_the_variable(tmp_path):
-    if shutil.which("systemd-analyze") is None:
+def test_a_bad_recycle_calendar_is_refused_naming_the_variable(renders):
+    """The calendar play of the render run (host "calendar"): the good value passed (else that host
+    failed and the run's return code, checked by the fixture, is not 0); the bad one was refused."""
+    if not HAS_SYSTEMD_ANALYZE:
         pytest.skip("systemd-analyze is needed")
-    playbook = tmp_path / "calendar.yml"
-    playbook.write_text(textwrap.dedent("""\
-        - hosts: localhost
-          gather_facts: false
-          tasks:
-            - name: a good value passes
-              ansible.builtin.include_tasks: %(role)s/tasks/recycle_calendar.yml
-              vars:
-                serve_recycle_on_calendar: "*-*-* 04:00:00"
-            - block:
-                - ansible.builtin.include_tasks: %(role)s/tasks/recycle_calendar.yml
-                  vars:
-                    serve_recycle_on_calendar: "every day; rm -rf /"
-                - ansible.builtin.fail:
-                    msg: NOT REFUSED
-              rescue:
-                - ansible.builtin.copy:
-                    content: "{{ ansible_failed_result.msg }}"
-                    dest: "%(out)s/refusal.txt"
-                    mode: "0644"
-        """ % {"role": ROLE, "out": tmp_path}))
-    r = subprocess.run(["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook),
-                        "-e", "ansible_python_interpreter=" + sys.executable],
-                       cwd=ROOT, capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stdout + r.stderr
-    refusal = (tmp_path / "refusal.txt").read_text()
+    run = renders["run"]
+    assert re.search(r"^calendar +: .* failed=0 ", run.stdout, re.M), run.stdout + run.stderr
+    refusal = (renders["calendar"] / "refusal.txt").read_text()
     assert 'serve_recycle_on_calendar "every day; rm -rf /" is not an OnCalendar= value' in refusal
