@@ -1,42 +1,36 @@
 """The drivers role's input checks (tasks_from=validate, as site.yml's first play runs them): every bad
-value is refused with a message naming the variable, on the controller, before any host change."""
+value is refused with a message naming the variable, on the controller, before any host change.
+
+One ansible-playbook start checks every case (harness.batch_inventory: one local host per case, its
+value a host variable, above the role defaults as the -e of one start per case was): a first play
+runs tasks_from=validate on the value cases, a second the whole role on the checked-roles cases."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from ansible_json import stdout_json
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from harness import batch_inventory, host_results, play_json
 
 PLAY = """
-- hosts: localhost
+- name: Validate
+  hosts: validate
   gather_facts: false
   tasks:
     - name: Validate
       ansible.builtin.include_role:
         name: sparkops.appliance.drivers
         tasks_from: validate
+
+- name: Role
+  hosts: role
+  gather_facts: false
+  tasks:
+    - name: Remember which roles' inputs are checked (as site.yml's first play does)
+      ansible.builtin.set_fact:
+        __sparkops_checked_roles: "{{ case_checked }}"
+    - name: The role, as a later play of site.yml applies it
+      ansible.builtin.include_role:
+        name: sparkops.appliance.drivers
 """
-
-
-def validate(tmp_path, extra):
-    (tmp_path / "play.yml").write_text(PLAY)
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
-    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
-           "-e", json.dumps(extra), str(tmp_path / "play.yml")]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    out = stdout_json(proc)
-    failed = [(t["task"]["name"], h) for t in out["plays"][0]["tasks"] for h in t["hosts"].values() if h.get("failed")]
-    messages = []
-    for _name, result in failed:
-        messages.append(result.get("msg", ""))
-        messages.extend(r.get("msg", "") for r in result.get("results", []) if r.get("failed"))
-    return proc.returncode, " | ".join(m for m in messages if m)
-
 
 BAD = [
     ({"drivers_force": "false"}, "drivers_force must be a YAML boolean"),
@@ -59,54 +53,69 @@ BAD = [
     ({"drivers_smoke_image": "ubuntu:24.04 --privileged"}, "drivers_smoke_image"),
     ({"drivers_reboot_timeout_s": 0}, "drivers_reboot_timeout_s 0"),
 ]
+GOOD = {"spark_expect_gpu": True, "drivers_driver_version": "580.95.05-0ubuntu1",
+        "drivers_apt_sources": [{"name": "mirror", "line": "deb [trusted=yes] file:/srv/m ./",
+                                 "key_url": "file:///srv/m/key.asc"}]}
 
-
-@pytest.mark.parametrize("extra, message", BAD, ids=[list(e)[0] + "-%d" % i for i, (e, _m) in enumerate(BAD)])
-def test_bad_value_is_refused_naming_it(tmp_path, extra, message):
-    rc, messages = validate(tmp_path, extra)
-    assert rc != 0
-    assert message in messages
-
-
-def test_defaults_and_a_mirror_pass(tmp_path):
-    rc, messages = validate(tmp_path, {"spark_expect_gpu": True, "drivers_driver_version": "580.95.05-0ubuntu1",
-                                       "drivers_apt_sources": [{"name": "mirror", "line": "deb [trusted=yes] file:/srv/m ./",
-                                                                "key_url": "file:///srv/m/key.asc"}]})
-    assert (rc, messages) == (0, "")
-
-
-ROLE_PLAY = """
-- hosts: localhost
-  gather_facts: false
-  tasks:
-    - name: Remember which roles' inputs are checked (as site.yml's first play does)
-      ansible.builtin.set_fact:
-        __sparkops_checked_roles: {checked}
-    - name: The role, as a later play of site.yml applies it
-      ansible.builtin.include_role:
-        name: sparkops.appliance.drivers
-"""
-
-
-@pytest.mark.parametrize("checked, refused", [
+ROLE_CASES = [
     ("[]", True),                                                          # the role alone checks its inputs
     ("['sparkops.appliance.memory_plan', 'sparkops.appliance.serve']", True),  # rollout.yml's list: not this role
     ("['sparkops.appliance.host_tuning', 'sparkops.appliance.drivers']", False),  # site.yml checked them already
-])
-def test_the_role_skips_its_own_checks_only_when_the_first_play_made_them(tmp_path, checked, refused):
-    (tmp_path / "play.yml").write_text(ROLE_PLAY.format(checked=checked))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+]
+# The case where the role says its message names its host: that host is called localhost, as the one
+# host of a start per case was.
+ROLE_HOSTS = {checked: ("localhost" if not refused else "role-%d" % i) for i, (checked, refused) in enumerate(ROLE_CASES)}
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("drivers-validate")
+    (tmp_path / "play.yml").write_text(PLAY)
+    cases = {"bad-%d" % i: extra for i, (extra, _m) in enumerate(BAD)}
+    cases["good"] = GOOD
+    validate = batch_inventory(tmp_path, cases, group="validate", name="validate.json")
     # drivers_manage false: past its checks the role only says so (nothing on this host changes).
-    extra = {"drivers_manage": False, "drivers_force": "false"}
-    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
-           "-e", json.dumps(extra), str(tmp_path / "play.yml")]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    tasks = {t["task"]["name"]: t["hosts"]["localhost"] for t in stdout_json(proc)["plays"][0]["tasks"]}
+    role = batch_inventory(tmp_path, {ROLE_HOSTS[checked]: {"case_checked": json.loads(checked.replace("'", '"')),
+                                                            "drivers_manage": False, "drivers_force": "false"}
+                                      for checked, _refused in ROLE_CASES}, group="role", name="role.json")
+    return play_json(tmp_path / "play.yml", inventory=validate, args=["-i", role])
+
+
+def validate(doc, host):
+    """(failed, messages) of one case: whether the host failed (the rc of a start of its own), and the
+    messages of its failed results, as one start per case joined them."""
+    results = [r for play, _t, r in host_results(doc, host) if play == "Validate"]
+    assert results, "%s ran no task" % host
+    failed = [r for r in results if r.get("failed") or r.get("unreachable")]
+    messages = []
+    for result in failed:
+        messages.append(result.get("msg", ""))
+        messages.extend(r.get("msg", "") for r in result.get("results", []) if r.get("failed"))
+    return bool(failed) or doc["stats"][host]["failures"] > 0, " | ".join(m for m in messages if m)
+
+
+@pytest.mark.parametrize("extra, message", BAD, ids=[list(e)[0] + "-%d" % i for i, (e, _m) in enumerate(BAD)])
+def test_bad_value_is_refused_naming_it(batch, extra, message):
+    failed, messages = validate(batch, "bad-%d" % BAD.index((extra, message)))
+    assert failed
+    assert message in messages
+
+
+def test_defaults_and_a_mirror_pass(batch):
+    failed, messages = validate(batch, "good")
+    assert (failed, messages, batch["stats"]["good"]["unreachable"]) == (False, "", 0)
+
+
+@pytest.mark.parametrize("checked, refused", ROLE_CASES)
+def test_the_role_skips_its_own_checks_only_when_the_first_play_made_them(batch, checked, refused):
+    host = ROLE_HOSTS[checked]
+    results = [r for _p, _t, r in host_results(batch, host)]
+    tasks = {t: r for play, t, r in host_results(batch, host) if play == "Role"}
+    stats = batch["stats"][host]
     if refused:
-        assert proc.returncode != 0
-        assert "drivers_force must be a YAML boolean" in proc.stdout
+        assert stats["failures"] + stats["unreachable"] > 0
+        assert "drivers_force must be a YAML boolean" in json.dumps(results)
     else:
-        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert stats["failures"] + stats["unreachable"] == 0, results
         assert tasks["sparkops.appliance.drivers : Check the inputs"].get("skipped") is True
         assert "is not managed on localhost" in tasks["sparkops.appliance.drivers : Say that the GPU stack is not managed on this host"]["msg"]
