@@ -11,10 +11,10 @@ import sys
 import pytest
 import yaml
 
+import harness
 import vllm_layouts
-from ansible_json import stdout_json
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+ROOT = harness.ROOT
 ROLE = os.path.join(ROOT, "roles", "serve")
 CHECKER = os.path.join(ROLE, "files", "vllm_check_args.py")
 
@@ -108,60 +108,75 @@ PLAN = {"gmu": 0.2, "kv_cache_memory_bytes": 67108864, "docker_memory_gib": 6.5,
                    "kv_cache_dtype": "auto", "mtp_enabled": False, "mtp_num_speculative_tokens": 0}}
 
 
-def run_role_check(tmp_path, tree, **extra):
-    """The role's check-and-refuse tasks with the image's `python3 -` replaced by this one."""
+# The role's check run once for every case: one ansible-playbook start, one host per case (all on
+# this machine). A case's variables come in as the play's last vars_files entry, after the role's
+# defaults and vars, so they win over both exactly as the -e of one run per case did (nothing here
+# sets facts or includes vars that -e would also have outranked).
+ROLE_CASES = {  # host -> (the stand-in tree: a layout or a broken one, variables over the common ones)
+    "good": (vllm_layouts.LAYOUTS["0.10"], {}),
+    "rejected": (vllm_layouts.LAYOUTS["0.10"], {"serve_extra_args": ["--cudagraph_mode", "FULL"]}),
+    "broken": (vllm_layouts.BROKEN["import-fails"], {}),
+    "no-python": (vllm_layouts.LAYOUTS["0.32"], {"python": "/nonexistent/python3"}),
+}
+
+
+@pytest.fixture(name="role_check", scope="module")
+def fixture_role_check(tmp_path_factory):
+    """The role's check-and-refuse tasks with the image's `python3 -` replaced by this one, one host
+    per case: {case: (whether that host failed, [its task results in order])}."""
+    base = tmp_path_factory.mktemp("role-check")
     check_task = {
         "name": "Validate the vLLM command line (here: a stand-in vLLM tree, not an image)",
         "ansible.builtin.command": {"argv": "{{ [python, '-S', '-'] + __serve_vllm_args }}",
                                     "stdin": "{{ lookup('ansible.builtin.file', checker) }}"},
-        "environment": {"PYTHONPATH": str(tree)},
+        "environment": {"PYTHONPATH": "{{ tree }}"},
         "register": "__serve_validate", "changed_when": False, "failed_when": False,
     }
     refusals = _role_tasks("Fail when the line could not be checked (the image is the problem, not the line)",
                            "Fail on a command line that vLLM rejects (the running service is untouched)")
-    playbook = tmp_path / "check.yml"
+    playbook = base / "check.yml"
     playbook.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "gather_facts": False,
+        "hosts": "sparks", "gather_facts": False,
         "vars_files": [os.path.join(ROOT, "roles", "common", "defaults", "main.yml"),
-                       os.path.join(ROLE, "defaults", "main.yml"), os.path.join(ROLE, "vars", "main.yml")],
+                       os.path.join(ROLE, "defaults", "main.yml"), os.path.join(ROLE, "vars", "main.yml"),
+                       "{{ case_vars_file }}"],
         "tasks": [check_task] + refusals}], sort_keys=False))
-    extra_vars = {"spark_memory_plan": PLAN, "spark_model_dir": "/srv/sparkops/models", "spark_model_name": "tiny-llama",
-                  "serve_image": "sparkops/vllm-runtime:0123456789ab", "serve_kv_sizing": "bytes",
-                  "python": sys.executable, "checker": CHECKER, "ansible_python_interpreter": sys.executable}
-    extra_vars.update(extra)
-    (tmp_path / "vars.json").write_text(json.dumps(extra_vars))
-    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
-    r = subprocess.run(["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook),
-                        "-e", "@" + str(tmp_path / "vars.json")], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300, check=False)
-    tasks = stdout_json(r)["plays"][0]["tasks"]
-    return r.returncode, [t["hosts"]["localhost"] for t in tasks]
+    hosts = {}
+    for case, (files, extra) in ROLE_CASES.items():
+        tree = vllm_layouts.write(base / case / "tree", files)
+        case_vars = {"spark_memory_plan": PLAN, "spark_model_dir": "/srv/sparkops/models",
+                     "spark_model_name": "tiny-llama", "serve_image": "sparkops/vllm-runtime:0123456789ab",
+                     "serve_kv_sizing": "bytes", "python": sys.executable, "checker": CHECKER,
+                     "ansible_python_interpreter": sys.executable, "tree": str(tree)}
+        case_vars.update(extra)
+        (base / case / "vars.json").write_text(json.dumps(case_vars))
+        hosts[case] = {"case_vars_file": str(base / case / "vars.json")}
+    doc = harness.play_json(playbook, inventory=harness.batch_inventory(base, hosts), connection=None)
+    return {case: (harness.host_failure(doc, case) is not None, [r for _p, _t, r in harness.host_results(doc, case)])
+            for case in ROLE_CASES}
 
 
-def test_the_role_quotes_vllm_when_it_rejects_and_blames_the_image_when_it_cannot_load(tmp_path):
-    good = vllm_layouts.write(tmp_path / "good", vllm_layouts.LAYOUTS["0.10"])
-    rc, results = run_role_check(tmp_path, good)
-    assert rc == 0 and not any(r.get("failed") for r in results), results
+def test_the_role_quotes_vllm_when_it_rejects_and_blames_the_image_when_it_cannot_load(role_check):
+    failed, results = role_check["good"]
+    assert not failed and not any(r.get("failed") for r in results), results
 
-    rc, results = run_role_check(tmp_path, good, serve_extra_args=["--cudagraph_mode", "FULL"])
+    failed, results = role_check["rejected"]   # serve_extra_args: --cudagraph_mode FULL
     msg = " ".join(results[-1]["msg"].split())
-    assert rc != 0 and msg.startswith("serve: vLLM in sparkops/vllm-runtime:0123456789ab rejects the command line")
+    assert failed and msg.startswith("serve: vLLM in sparkops/vllm-runtime:0123456789ab rejects the command line")
     assert msg.endswith("vllm: error: unrecognized arguments: --cudagraph-mode FULL")
     assert results[1].get("skipped")
 
-    broken = vllm_layouts.write(tmp_path / "broken", vllm_layouts.BROKEN["import-fails"])
-    rc, results = run_role_check(tmp_path, broken)
+    failed, results = role_check["broken"]     # vllm_layouts.BROKEN["import-fails"]
     msg = " ".join(results[1]["msg"].split())
-    assert rc != 0 and len(results) == 2
+    assert failed and len(results) == 2
     assert msg.startswith("serve: the command line could not be checked: the checker could not load vLLM "
                           "from sparkops/vllm-runtime:0123456789ab: vllm_check_args: cannot load")
     assert "libcudart.so.12" in msg and "This says nothing about the line" in msg and "rejects" not in msg
 
 
-def test_the_role_names_a_checker_that_did_not_run(tmp_path):
-    good = vllm_layouts.write(tmp_path / "good", vllm_layouts.LAYOUTS["0.32"])
-    rc, results = run_role_check(tmp_path, good, python="/nonexistent/python3")
-    assert rc != 0
+def test_the_role_names_a_checker_that_did_not_run(role_check):
+    failed, results = role_check["no-python"]  # python=/nonexistent/python3
+    assert failed
     msg = " ".join(results[1]["msg"].split())
     assert "the checker did not run in sparkops/vllm-runtime:0123456789ab" in msg, msg
 
