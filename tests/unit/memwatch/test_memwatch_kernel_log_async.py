@@ -8,8 +8,12 @@ gaps between them must stay near the interval.
 import datetime
 import json
 import os
+import subprocess
+import sys
 
-from mwhelpers import fake_journalctl
+import pytest
+
+from mwhelpers import PROGRAM, Lab, fake_journalctl
 from test_memwatch_daemon import NV
 
 
@@ -29,10 +33,50 @@ def sample_times(stderr):
     return out
 
 
-def test_samples_keep_their_interval_while_the_journal_is_slow(lab, monkeypatch, run_memwatch):
-    jctl, _pids = journal_lab(lab, monkeypatch, sleep_s=3)
-    cfg = lab.write_config(interval_s=0.2, diag_every_samples=1, kernel_log_source="journal", journalctl=jctl)
-    proc = run_memwatch("run", "--config", cfg, "--samples", "25")
+# The two `memwatch run` processes below mostly wait (on the interval, on the slow or hung journal):
+# they run side by side, each in its own lab (its own tmp tree, stand-ins and environment), started
+# once for this module; each test reads its own run. Same configurations, samples and bounds.
+RUNS = {
+    # name: (journal answers after s, samples, config overrides)
+    "slow": (3, 25, {}),
+    "hung": (600, 20, {"kernel_log_timeout_s": 1}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    started = {}
+    env = pytest.MonkeyPatch()
+    try:
+        for name, (sleep_s, samples, extra) in RUNS.items():
+            lab = Lab(tmp_path_factory.mktemp("memwatch-" + name), env)
+            jctl, pids = journal_lab(lab, env, sleep_s=sleep_s)
+            cfg = lab.write_config(interval_s=0.2, diag_every_samples=1, kernel_log_source="journal",
+                                   journalctl=jctl, **extra)
+            err = open(str(lab.tmp / "memwatch.stderr"), "w+")
+            # the environment as the lab set it now (FAKE_JOURNAL* of this lab): the process keeps it
+            proc = subprocess.Popen([sys.executable, PROGRAM, "run", "--config", cfg, "--samples", str(samples)],
+                                    stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ))
+            started[name] = (lab, pids, proc, err)
+    finally:
+        env.undo()
+    done = {}
+    try:
+        for name, (lab, pids, proc, err) in started.items():
+            rc = proc.wait(timeout=120)
+            err.seek(0)
+            done[name] = (lab, pids, subprocess.CompletedProcess(proc.args, rc, "", err.read()))
+    finally:
+        for _lab, _pids, proc, err in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            err.close()
+    return done
+
+
+def test_samples_keep_their_interval_while_the_journal_is_slow(runs):
+    lab, _pids, proc = runs["slow"]
     assert proc.returncode == 0, proc.stderr
     times = sample_times(proc.stderr)
     assert sorted(times) == list(range(1, 26))
@@ -46,11 +90,8 @@ def test_samples_keep_their_interval_while_the_journal_is_slow(lab, monkeypatch,
     assert state["nv_err_total"] == 1 and state["kernel_log"]["cursor"] == "s=1"
 
 
-def test_a_hung_journalctl_is_bounded_and_reaped(lab, monkeypatch, run_memwatch):
-    jctl, pids = journal_lab(lab, monkeypatch, sleep_s=600)
-    cfg = lab.write_config(interval_s=0.2, diag_every_samples=1, kernel_log_source="journal", journalctl=jctl,
-                           kernel_log_timeout_s=1)
-    proc = run_memwatch("run", "--config", cfg, "--samples", "20")
+def test_a_hung_journalctl_is_bounded_and_reaped(runs):
+    _lab, pids, proc = runs["hung"]
     assert proc.returncode == 0, proc.stderr
     logged = [json.loads(line) for line in proc.stderr.splitlines()]
     (unavailable,) = [e for e in logged if e["event"] == "kernel_log_unavailable"]
