@@ -132,8 +132,20 @@ def make_standin_venv(venv, python):
     pinned version installed and downloads nothing)."""
     import glob
     import subprocess
-    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    # --without-pip and links to this Python's own pip (package and dist-info) instead of ensurepip
+    # copying a fresh pip in (several seconds on a busy machine): the venv's pip is a real pip, and
+    # the venv sees no other package of this Python.
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = glob.glob(os.path.join(str(venv), "lib", "python*", "site-packages"))[0]
+    pip_src = subprocess.run([python, "-c", "import os, pip; print(os.path.dirname(pip.__file__))"], check=True,
+                             capture_output=True, text=True).stdout.strip()
+    for entry in [pip_src] + glob.glob(os.path.join(os.path.dirname(pip_src), "pip-*.dist-info")):
+        os.symlink(entry, os.path.join(site, os.path.basename(entry)))
+    for name in ("pip", "pip3"):
+        script = os.path.join(str(venv), "bin", name)
+        with open(script, "w") as f:
+            f.write("#!%s\nimport sys\nfrom pip._internal.cli.main import main\nsys.exit(main())\n" % os.path.join(str(venv), "bin", "python"))
+        os.chmod(script, 0o755)
     os.makedirs(os.path.join(site, "huggingface_hub"))
     with open(os.path.join(site, "huggingface_hub", "__init__.py"), "w") as f:
         f.write(STANDIN_HF_HUB)
