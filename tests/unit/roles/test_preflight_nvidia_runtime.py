@@ -1,20 +1,21 @@
 """preflight refuses a Spark whose Docker engine does not list the nvidia runtime (when a GPU is
-expected), naming the fix; the docker CLI and nvidia-smi are stand-ins on PATH (no GPU here)."""
+expected), naming the fix; the docker CLI and nvidia-smi are stand-ins on PATH (no GPU here).
+
+One ansible-playbook start runs the three cases: each a local host of a batch inventory with its own
+bin folder of stand-ins, put in front of PATH by the play's environment."""
 import json
 import os
 import stat
-import subprocess
-import sys
 
 import pytest
 
-from ansible_json import stdout_json
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from harness import batch_inventory, host_results, play_json
 
 PLAY = """
-- hosts: localhost
+- hosts: sparks
   gather_facts: true
+  environment:
+    PATH: "{{ case_bin }}:{{ lookup('ansible.builtin.env', 'PATH') }}"
   roles:
     - role: sparkops.appliance.preflight
 """
@@ -26,42 +27,56 @@ case "$1" in
 esac
 """
 
+# host: (the runtimes docker info lists, spark_expect_gpu)
+CASES = {
+    "no-nvidia-runtime": (["runc", "io.containerd.runc.v2"], True),
+    "nvidia-runtime": (["nvidia", "runc"], True),
+    "no-gpu": (["runc"], False),
+}
+CHECK = "Check that Docker lists the NVIDIA runtime"
+debian_only = pytest.mark.skipif(not os.path.exists("/etc/debian_version"), reason="preflight expects a Debian-family host")
+
 
 def _program(path, text):
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def run_preflight(tmp_path, runtimes, expect_gpu=True):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _program(bin_dir / "docker", DOCKER % json.dumps({name: {"path": name} for name in runtimes}))
-    _program(bin_dir / "nvidia-smi", '#!/bin/sh\necho "GPU 0: NVIDIA GB10 (UUID: GPU-1234)"\n')
+@pytest.fixture(scope="module")
+def preflight(tmp_path_factory):
+    """{host: (failed, {task name: result})}, from one start."""
+    tmp_path = tmp_path_factory.mktemp("preflight")
+    hosts = {}
+    for host, (runtimes, expect_gpu) in CASES.items():
+        bin_dir = tmp_path / host / "bin"
+        bin_dir.mkdir(parents=True)
+        _program(bin_dir / "docker", DOCKER % json.dumps({name: {"path": name} for name in runtimes}))
+        _program(bin_dir / "nvidia-smi", '#!/bin/sh\necho "GPU 0: NVIDIA GB10 (UUID: GPU-1234)"\n')
+        hosts[host] = {"spark_expect_gpu": expect_gpu, "preflight_expected_arch": [os.uname().machine],
+                       "preflight_min_mem_total_gib": 0, "preflight_min_free_disk_gib": 0,
+                       "spark_model_dir": str(tmp_path / host), "case_bin": str(bin_dir)}
     (tmp_path / "play.yml").write_text(PLAY)
-    extra = {"spark_expect_gpu": expect_gpu, "preflight_expected_arch": [os.uname().machine],
-             "preflight_min_mem_total_gib": 0, "preflight_min_free_disk_gib": 0, "spark_model_dir": str(tmp_path)}
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", PATH=str(bin_dir) + os.pathsep + os.environ["PATH"])
-    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
-           "-e", json.dumps(extra), str(tmp_path / "play.yml")]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    tasks = stdout_json(proc)["plays"][0]["tasks"]
-    return proc.returncode, {t["task"]["name"].split(" : ", 1)[-1]: t["hosts"]["localhost"] for t in tasks}
+    doc = play_json(tmp_path / "play.yml", inventory=batch_inventory(tmp_path, hosts))
+    out = {}
+    for host in CASES:
+        stats = doc["stats"][host]
+        out[host] = (stats["failures"] + stats["unreachable"] > 0,
+                     {t.split(" : ", 1)[-1]: r for _p, t, r in host_results(doc, host)})
+    return out
 
 
-@pytest.mark.skipif(not os.path.exists("/etc/debian_version"), reason="preflight expects a Debian-family host")
-def test_refuses_an_engine_without_the_nvidia_runtime(tmp_path):
-    rc, tasks = run_preflight(tmp_path, ["runc", "io.containerd.runc.v2"])
-    result = tasks["Check that Docker lists the NVIDIA runtime"]
-    assert rc != 0 and result.get("failed") is True
+@debian_only
+def test_refuses_an_engine_without_the_nvidia_runtime(preflight):
+    failed, tasks = preflight["no-nvidia-runtime"]
+    result = tasks[CHECK]
+    assert failed and result.get("failed") is True
     assert '["io.containerd.runc.v2", "runc"], not nvidia' in result["msg"]
     assert "playbooks/drivers.yml" in result["msg"]
 
 
-@pytest.mark.skipif(not os.path.exists("/etc/debian_version"), reason="preflight expects a Debian-family host")
-def test_passes_with_the_runtime_and_skips_without_a_gpu(tmp_path):
-    rc, tasks = run_preflight(tmp_path, ["nvidia", "runc"])
-    assert rc == 0 and tasks["Check that Docker lists the NVIDIA runtime"].get("failed") is not True
-    (tmp_path / "nogpu").mkdir()
-    rc, tasks = run_preflight(tmp_path / "nogpu", ["runc"], expect_gpu=False)
-    assert rc == 0 and tasks["Check that Docker lists the NVIDIA runtime"].get("skipped") is True
+@debian_only
+def test_passes_with_the_runtime_and_skips_without_a_gpu(preflight):
+    failed, tasks = preflight["nvidia-runtime"]
+    assert not failed and tasks[CHECK].get("failed") is not True
+    failed, tasks = preflight["no-gpu"]
+    assert not failed and tasks[CHECK].get("skipped") is True
