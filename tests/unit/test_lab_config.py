@@ -9,6 +9,7 @@ production scenario links the whole lab group_vars (the example inventory's valu
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -96,9 +97,42 @@ def test_no_yaml_file_repeats_the_lab_overrides():
     assert not found, "copies of %s: %s" % (os.path.relpath(LAB_FILE, ROOT), found)
 
 
-def _host_vars(tmp_path, scenario):
-    """What a play of the scenario sees: Molecule's inventory (the base's and the scenario's
-    inventory.group_vars) read with the scenario's playbook directory, by ansible-inventory."""
+# ansible-inventory as a program, once per scenario, with the Python start and Ansible's imports
+# paid once: this runner imports the CLI, then forks a child per scenario that chdirs to the
+# scenario's folder, sends its stdout/stderr to files and runs InventoryCLI.cli_executor with the
+# argv ansible-inventory would get (the same entry point as the ansible-inventory script). Each child
+# is a fresh copy of the freshly imported process: no state carries from one scenario to the next.
+RUNNER = r"""
+import json, os, sys
+from ansible.cli.inventory import InventoryCLI
+rcs = {}
+for job in json.loads(sys.argv[1]):
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            os.chdir(job["cwd"])
+            for fd, name in ((1, "stdout"), (2, "stderr")):
+                out = os.open(os.path.join(job["cwd"], name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(out, fd)
+                os.close(out)
+            try:
+                InventoryCLI.cli_executor(["ansible-inventory"] + job["args"])
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    rcs[job["name"]] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(rcs))
+"""
+
+
+def _inventory(tmp_path, scenario):
+    """Molecule's inventory for the scenario (the base's and the scenario's inventory.group_vars);
+    returns (the ansible-inventory arguments, the host, the sparks group's own values)."""
     inv = tmp_path / "inventory"
     (inv / "group_vars").mkdir(parents=True)
     host = "sparkops-molecule-%s" % scenario
@@ -109,16 +143,43 @@ def _host_vars(tmp_path, scenario):
             groups.setdefault(group, {}).update(values or {})
     for group, values in groups.items():
         (inv / "group_vars" / group).write_text(yaml.safe_dump(values))
+    args = ["-i", str(inv / "ansible_inventory.yml"), "--playbook-dir", os.path.join(ROOT, "molecule", scenario),
+            "--host", host]
+    return args, groups.get("sparks", {})
+
+
+@pytest.fixture(scope="module")
+def scenario_host_vars(tmp_path_factory):
+    """What a play of each scenario sees: Molecule's inventory read with the scenario's playbook
+    directory, by ansible-inventory --host (all scenarios in one runner start, see RUNNER)."""
+    base = tmp_path_factory.mktemp("lab-config")
+    jobs, own = [], {}
+    for scenario in ROLE_SCENARIOS:
+        work = base / scenario
+        work.mkdir()
+        args, own[scenario] = _inventory(work, scenario)
+        jobs.append({"name": scenario, "cwd": str(work), "args": args})
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".collections"))
-    out = subprocess.run(["ansible-inventory", "-i", str(inv / "ansible_inventory.yml"), "--playbook-dir",
-                          os.path.join(ROOT, "molecule", scenario), "--host", host],
-                         capture_output=True, text=True, env=env, cwd=str(tmp_path), check=True, timeout=120).stdout
-    return json.loads(out), groups.get("sparks", {})
+    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(jobs)], capture_output=True, text=True, env=env,
+                          cwd=str(base), check=True, timeout=300)
+    rcs = json.loads(proc.stdout)
+    out = {}
+    for job in jobs:
+        work = base / job["name"]
+        out[job["name"]] = (rcs[job["name"]], (work / "stdout").read_text(), (work / "stderr").read_text(),
+                            own[job["name"]])
+    return out
+
+
+def _host_vars(scenario_host_vars, scenario):
+    rc, stdout, stderr, own = scenario_host_vars[scenario]
+    assert rc == 0, "ansible-inventory for %s: rc %s\n%s" % (scenario, rc, stderr[-3000:])
+    return json.loads(stdout), own
 
 
 @pytest.mark.parametrize("scenario", ROLE_SCENARIOS)
-def test_a_role_scenario_sees_the_lab_overrides_under_its_own_values(tmp_path, scenario):
-    seen, own = _host_vars(tmp_path, scenario)
+def test_a_role_scenario_sees_the_lab_overrides_under_its_own_values(scenario_host_vars, scenario):
+    seen, own = _host_vars(scenario_host_vars, scenario)
     for key, value in LAB.items():
         expected = own[key] if key in own else value
         assert seen.get(key) == expected, "%s: %s is %r, want %r" % (scenario, key, seen.get(key), expected)
