@@ -1,9 +1,7 @@
 """The summary callback as ansible-playbook runs it: per host, what changed, what failed."""
-import os
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+import harness
 
 PLAYBOOK = """
 - hosts: all
@@ -32,11 +30,9 @@ def run(tmp_path, stdout_callback="ansible.builtin.default"):
     book.write_text(PLAYBOOK)
     target = tmp_path / "out"
     target.mkdir(exist_ok=True)
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK=stdout_callback,
-               ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-    cmd = ["ansible-playbook", "-i", "alpha,beta,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
-           "-e", "target=" + str(target), str(book)]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return harness.run_playbook(book, inventory="alpha,beta,", timeout=120,
+                                extra_vars={"ansible_python_interpreter": sys.executable, "target": str(target)},
+                                env=harness.ansible_env(stdout_callback=stdout_callback))
 
 
 def test_lists_changes_per_host_then_nothing_changed(tmp_path):
