@@ -1,30 +1,29 @@
-"""sparkops.appliance.files run as Ansible runs it (ansible localhost -m ...), on paths the tests make."""
+"""sparkops.appliance.files on paths the tests make: in this process (harness.run_module), and once
+through Ansible itself (ansible localhost -m ...) for the wiring."""
 import json
 import os
-import subprocess
-import sys
 
-from ansible_json import stdout_json
+from ansible_collections.sparkops.appliance.plugins.modules import files as files_module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+from harness import run_module as run_in_process
+from modules_adhoc import adhoc
 
 
-def run_module(entries, check=False, diff=False, units=None, bin_dir=None, read=None):
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
-    if bin_dir:
-        env["PATH"] = "%s:%s" % (bin_dir, env["PATH"])
+def module_args(entries, units=None, read=None):
     args = {"files": entries}
     if units is not None:
         args["units"] = units
     if read is not None:
         args["read"] = read
-    cmd = ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
-           "-m", "sparkops.appliance.files", "-a", json.dumps(args)]
-    cmd += ["--check"] if check else []
-    cmd += ["--diff"] if diff else []
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    return stdout_json(proc)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return args
+
+
+def run_module(entries, check=False, diff=False, units=None, read=None):
+    return run_in_process(files_module, module_args(entries, units, read), check=check, diff=diff)
+
+
+def through_ansible(entries, check=False, diff=False, units=None, read=None):
+    return adhoc("files", module_args(entries, units, read), check=check, diff=diff)
 
 
 def entries(tmp_path, unit="[Unit]\nDescription=x\n", script_mode="0755"):
@@ -46,7 +45,9 @@ def state(tmp_path):
 
 
 def test_creates_then_changes_nothing(tmp_path):
-    first = run_module(entries(tmp_path))
+    """The first call through Ansible itself (the module found by its name, its result as a task
+    returns it); the second in this process."""
+    first = through_ansible(entries(tmp_path))
     assert first["changed"] is True and len(first["changed_paths"]) == 3
     base = tmp_path / "etc" / "x"
     assert oct(os.stat(base).st_mode & 0o777) == "0o750"
@@ -159,10 +160,11 @@ def fake_systemctl(tmp_path, out, rc=0):
     return str(bin_dir)
 
 
-def test_units_are_reported_from_one_systemctl_show_also_in_check_mode(tmp_path):
+def test_units_are_reported_from_one_systemctl_show_also_in_check_mode(tmp_path, monkeypatch):
     bin_dir = fake_systemctl(tmp_path, SHOW)
+    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ["PATH"])
     for check in (True, False):
-        res = run_module(entries(tmp_path), check=check, units=["a.service", "b.timer"], bin_dir=bin_dir)
+        res = run_module(entries(tmp_path), check=check, units=["a.service", "b.timer"])
         assert res["units"] == {
             "a.service": {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled", "NeedDaemonReload": "no"},
             "b.timer": {"LoadState": "not-found", "ActiveState": "inactive", "UnitFileState": "", "NeedDaemonReload": "no"}}
@@ -170,16 +172,17 @@ def test_units_are_reported_from_one_systemctl_show_also_in_check_mode(tmp_path)
     assert calls == ["show --property=Id,LoadState,ActiveState,UnitFileState,NeedDaemonReload -- a.service b.timer"] * 2
 
 
-def test_no_units_are_reported_when_systemd_cannot_be_asked(tmp_path):
+def test_no_units_are_reported_when_systemd_cannot_be_asked(tmp_path, monkeypatch):
     # systemctl fails (no systemd as PID 1), or prints fewer blocks than units asked: nothing is
     # reported, so a role runs its systemd_service call as it would without the option.
     bin_dir = fake_systemctl(tmp_path, "", rc=1)
-    assert run_module(entries(tmp_path), units=["a.service"], bin_dir=bin_dir)["units"] == {}
+    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ["PATH"])
+    assert run_module(entries(tmp_path), units=["a.service"])["units"] == {}
     (tmp_path / "calls").unlink()
     os.rename(bin_dir, str(tmp_path / "old"))
-    bin_dir = fake_systemctl(tmp_path, SHOW.split("\n\n", maxsplit=1)[0] + "\n")
-    assert run_module(entries(tmp_path), units=["a.service", "b.timer"], bin_dir=bin_dir)["units"] == {}
-    assert run_module(entries(tmp_path), bin_dir=bin_dir)["units"] == {}   # none asked: systemctl not run
+    assert fake_systemctl(tmp_path, SHOW.split("\n\n", maxsplit=1)[0] + "\n") == bin_dir   # the same PATH entry
+    assert run_module(entries(tmp_path), units=["a.service", "b.timer"])["units"] == {}
+    assert run_module(entries(tmp_path))["units"] == {}   # none asked: systemctl not run
     assert len((tmp_path / "calls").read_text().splitlines()) == 1
 
 
