@@ -1,29 +1,20 @@
-"""docker_daemon_json run as Ansible runs it (ansible localhost -m ...), on files the tests write."""
+"""docker_daemon_json on files the tests write: in this process (harness.run_module), and once
+through Ansible itself (ansible localhost -m ...) for the wiring."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from ansible_json import stdout_json
+from ansible_collections.sparkops.appliance.plugins.modules import docker_daemon_json
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+from harness import run_module as run_in_process
+from modules_adhoc import adhoc
 
 NVIDIA = {"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}
 
 
 def run_module(args, check=False, diff=False):
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
-    cmd = ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
-           "-m", "sparkops.appliance.docker_daemon_json", "-a", json.dumps(args)]
-    if check:
-        cmd.append("--check")
-    if diff:
-        cmd.append("--diff")
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    return stdout_json(proc)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return run_in_process(docker_daemon_json, args, check=check, diff=diff)
 
 
 def snapshot(path):
@@ -32,8 +23,9 @@ def snapshot(path):
 
 
 def test_creates_the_file_with_the_runtime(tmp_path):
+    """Through Ansible itself: the module found by its name, its result as a task returns it."""
     path = tmp_path / "daemon.json"
-    result = run_module({"path": str(path), "settings": NVIDIA})
+    result = adhoc("docker_daemon_json", {"path": str(path), "settings": NVIDIA})
     assert result["changed"] is True and result["created"] is True
     assert json.loads(path.read_text()) == NVIDIA
     assert os.stat(path).st_mode & 0o777 == 0o644
