@@ -1,17 +1,18 @@
-"""spark_facts run as Ansible runs it (ansible localhost -m ...), on files the tests write."""
-import json
+"""spark_facts on files the tests write: in this process (harness.run_module), and once through
+Ansible itself (ansible localhost -m ... --check) for the wiring."""
 import os
 import re
 import stat
-import subprocess
 import sys
 
 import pytest
 import yaml
 
-from ansible_json import stdout_json
+from ansible_collections.sparkops.appliance.plugins.modules import spark_facts
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+from harness import ROOT
+from harness import run_module as run_in_process
+from modules_adhoc import adhoc
 
 MEMINFO = """MemTotal:       127601232 kB
 MemFree:         3012404 kB
@@ -20,20 +21,13 @@ SwapTotal:       8388604 kB
 """
 
 
-def run_module(args, check=False, path_prefix=None):
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
-    if path_prefix:
-        env["PATH"] = path_prefix + os.pathsep + env["PATH"]
-    cmd = ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
-           "-m", "sparkops.appliance.spark_facts",
-           "-a", json.dumps(args)]
-    if check:
-        cmd.append("--check")
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    # One JSON document: the summary callback stays silent under a machine-readable stdout callback.
-    out = stdout_json(proc)
-    return out["plays"][0]["tasks"][0]["hosts"]["localhost"]
+def run_module(args, check=False):
+    return run_in_process(spark_facts, args, check=check)
+
+
+def on_path(monkeypatch, bin_dir):
+    """Stand-in programs first on PATH, for the module's get_bin_path and run_command."""
+    monkeypatch.setenv("PATH", str(bin_dir) + os.pathsep + os.environ["PATH"])
 
 
 def fake_program(directory, name, script):
@@ -60,13 +54,19 @@ def meminfo(tmp_path):
 
 
 @pytest.mark.parametrize("check", [False, True])
-def test_reads_memory_disk_gpu_and_docker(tmp_path, meminfo, check):
+def test_reads_memory_disk_gpu_and_docker(tmp_path, meminfo, check, monkeypatch):
+    """In check mode through Ansible itself (the module found by its name, --check reaching it, the
+    facts as a task returns them); outside it in this process."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake_program(bin_dir, "nvidia-smi", 'echo "GPU 0: NVIDIA GB10 (UUID: GPU-1234)"\n')
     fake_program(bin_dir, "docker", DOCKER)
-    result = run_module({"meminfo_path": str(meminfo), "disk_path": str(tmp_path / "not" / "yet")},
-                        check=check, path_prefix=str(bin_dir))
+    args = {"meminfo_path": str(meminfo), "disk_path": str(tmp_path / "not" / "yet")}
+    if check:
+        result = adhoc("spark_facts", args, check=True, path_prefix=str(bin_dir))
+    else:
+        on_path(monkeypatch, bin_dir)
+        result = run_module(args)
     assert result["changed"] is False
     facts = result["ansible_facts"]
     assert round(facts["spark_mem_total_gib"], 2) == 121.69
@@ -79,12 +79,13 @@ def test_reads_memory_disk_gpu_and_docker(tmp_path, meminfo, check):
                                      "runtimes": ["nvidia", "runc"]}
 
 
-def test_reports_a_missing_gpu_and_an_unreachable_engine(tmp_path, meminfo):
+def test_reports_a_missing_gpu_and_an_unreachable_engine(tmp_path, meminfo, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake_program(bin_dir, "nvidia-smi", 'echo "NVIDIA-SMI has failed because it could not communicate" >&2\nexit 9\n')
     fake_program(bin_dir, "docker", 'echo "Cannot connect to the Docker daemon" >&2\nexit 1\n')
-    facts = run_module({"meminfo_path": str(meminfo)}, path_prefix=str(bin_dir))["ansible_facts"]
+    on_path(monkeypatch, bin_dir)
+    facts = run_module({"meminfo_path": str(meminfo)})["ansible_facts"]
     assert facts["spark_gpu"]["present"] is False
     assert "could not communicate" in facts["spark_gpu"]["error"]
     assert facts["spark_docker"]["reachable"] is False
@@ -105,14 +106,15 @@ def test_unreadable_meminfo_fails_naming_the_file(tmp_path):
     assert str(bad) in result["msg"] and "MemTotal" in result["msg"]
 
 
-def test_runtimes_without_nvidia_and_an_unparsable_info(tmp_path, meminfo):
+def test_runtimes_without_nvidia_and_an_unparsable_info(tmp_path, meminfo, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    on_path(monkeypatch, bin_dir)
     fake_program(bin_dir, "docker", DOCKER.replace('"nvidia":{"path":"nvidia-container-runtime","args":[]}', '"crun":{}'))
-    docker = run_module({"meminfo_path": str(meminfo), "check_gpu": False}, path_prefix=str(bin_dir))["ansible_facts"]["spark_docker"]
+    docker = run_module({"meminfo_path": str(meminfo), "check_gpu": False})["ansible_facts"]["spark_docker"]
     assert docker["reachable"] is True and docker["runtimes"] == ["crun", "runc"]
     fake_program(bin_dir, "docker", DOCKER.replace("info) echo", "info) echo not-json; echo"))
-    docker = run_module({"meminfo_path": str(meminfo), "check_gpu": False}, path_prefix=str(bin_dir))["ansible_facts"]["spark_docker"]
+    docker = run_module({"meminfo_path": str(meminfo), "check_gpu": False})["ansible_facts"]["spark_docker"]
     assert docker["runtimes"] == [] and "listed no runtimes" in docker["error"]
 
 
@@ -135,10 +137,11 @@ fi
 MARKER = "# Unified-memory serving host (sparkops.appliance host_tuning)"
 
 
-def test_reads_what_host_tuning_would_ask_for(tmp_path, meminfo):
+def test_reads_what_host_tuning_would_ask_for(tmp_path, meminfo, monkeypatch):
     """The three host readings host_tuning takes from here instead of paying a call for each."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    on_path(monkeypatch, bin_dir)
     fake_program(bin_dir, "dpkg-query", DPKG_QUERY)
     fstab = tmp_path / "fstab"
     fstab.write_text("UUID=abc / ext4 defaults 0 1\n"
@@ -155,7 +158,7 @@ def test_reads_what_host_tuning_would_ask_for(tmp_path, meminfo):
     facts = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False,
                         "packages": ["libjemalloc2", "sparkops-not-installed"],
                         "fstab_path": str(fstab), "sysctl_dir": str(sysctl_dir)},
-                       check=True, path_prefix=str(bin_dir))["ansible_facts"]
+                       check=True)["ansible_facts"]
     assert facts["spark_package_files"] == {
         "libjemalloc2": ["/.", "/usr", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2", "/usr/share/doc/libjemalloc2"],
         "sparkops-not-installed": []}
