@@ -1,13 +1,12 @@
 """vllm_status: the parsers of /metrics, the container log and Docker times, the table, and the
-wait itself run as Ansible runs it: a real local HTTP server, the unit and its journal stood in
-(systemctl/journalctl on PATH, replaying the states systemd shows for a start that fails)."""
+wait itself: the module's main() in this process (harness.run_module), once through Ansible itself
+(ansible localhost -m ...) for the wiring, against a real local HTTP server, the unit and its
+journal stood in (systemctl/journalctl on PATH, replaying the states systemd shows for a start
+that fails)."""
 import datetime
 import http.server
-import json
 import os
 import stat
-import subprocess
-import sys
 import threading
 import time
 
@@ -15,9 +14,8 @@ import pytest
 
 from ansible_collections.sparkops.appliance.plugins.modules import vllm_status as vs
 
-from ansible_json import stdout_json
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+from harness import run_module as run_in_process
+from modules_adhoc import adhoc
 
 METRICS = """\
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
@@ -168,7 +166,7 @@ def test_telling_line_is_the_root_cause_not_the_wrapper():
     assert vs.telling_line(logged) == "ValueError: Available memory on node 0"
 
 
-# --- the module's wait, run by Ansible --------------------------------------------------------
+# --- the module's wait --------------------------------------------------------
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
@@ -199,7 +197,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture(name="server")
 def _server():
     srv = _Server(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    # a short poll interval: shutdown() at teardown waits for the serving loop to notice
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield srv
     srv.shutdown()
@@ -261,15 +260,19 @@ def stand_in_unit(tmp_path, states, journals):
     return d
 
 
-def run_module(args, path_prefix):
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", PATH=str(path_prefix) + os.pathsep + os.environ["PATH"])
-    cmd = ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
-           "-m", "sparkops.appliance.vllm_status", "-a", json.dumps(args)]
+def run_module(args, path_prefix, monkeypatch):
+    """main() in this process with path_prefix first on PATH; (result, seconds taken)."""
+    monkeypatch.setenv("PATH", str(path_prefix) + os.pathsep + os.environ["PATH"])
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    out = stdout_json(proc)
-    return out["plays"][0]["tasks"][0]["hosts"]["localhost"], time.monotonic() - t0
+    res = run_in_process(vs, args)
+    return res, time.monotonic() - t0
+
+
+def through_ansible(args, path_prefix):
+    """ansible localhost -m sparkops.appliance.vllm_status; (result, seconds taken)."""
+    t0 = time.monotonic()
+    res = adhoc("vllm_status", args, path_prefix=path_prefix, timeout=300)
+    return res, time.monotonic() - t0
 
 
 def _args(server, **extra):
@@ -280,10 +283,11 @@ def _args(server, **extra):
 
 
 def test_a_refused_start_fails_at_once_with_vllms_message(tmp_path, server):
+    """Through Ansible itself: the module found by its name, its failure as a task returns it."""
     loading = _show("active", "running", 0, "aaa")
     refused = _show("activating", "auto-restart", 0, "aaa", "exit-code", "1")
     unit = stand_in_unit(tmp_path, [loading, loading, loading, refused], {"aaa": VLLM_REFUSAL})
-    res, took = run_module(_args(server), unit)
+    res, took = through_ansible(_args(server), unit)
     assert res.get("failed"), res
     # the 4th look at the unit (the 3rd poll, about 2 s in) saw the failed start: not the 60 s timeout
     assert res["waited_s"] < 10 and took < 40, (res["waited_s"], took)
@@ -299,36 +303,36 @@ def test_a_refused_start_fails_at_once_with_vllms_message(tmp_path, server):
     assert res["unit_state"]["SubState"] == "auto-restart"
 
 
-def test_a_restart_between_two_polls_reports_the_start_that_failed(tmp_path, server):
+def test_a_restart_between_two_polls_reports_the_start_that_failed(tmp_path, server, monkeypatch):
     unit = stand_in_unit(tmp_path, [_show("active", "running", 2, "aaa"), _show("active", "running", 3, "bbb")],
                          {"aaa": VLLM_REFUSAL, "bbb": "INFO loading again\n"})
-    res, _took = run_module(_args(server), unit)
+    res, _took = run_module(_args(server), unit, monkeypatch)
     assert res.get("failed") and "restarted 1 time(s)" in res["msg"]
     assert res["unit_state"]["InvocationID"] == "aaa"
     assert res["cause"].startswith("ValueError: Available memory")
 
 
-def test_a_start_limit_hit_fails_and_an_empty_journal_says_so(tmp_path, server):
+def test_a_start_limit_hit_fails_and_an_empty_journal_says_so(tmp_path, server, monkeypatch):
     unit = stand_in_unit(tmp_path, [_show("failed", "failed", 2, "ccc", "start-limit-hit", "137")], {})
-    res, _took = run_module(_args(server), unit)
+    res, _took = run_module(_args(server), unit, monkeypatch)
     assert res.get("failed") and "the unit failed (Result=start-limit-hit, exit status 137)" in res["msg"]
     assert "status 137: SIGKILL" in res["msg"]
     assert "holds no output for that start" in res["msg"] and res["cause"] == ""
 
 
-def test_a_journal_without_invocation_ids_still_shows_the_cause(tmp_path, server):
+def test_a_journal_without_invocation_ids_still_shows_the_cause(tmp_path, server, monkeypatch):
     unit = stand_in_unit(tmp_path, [_show("activating", "auto-restart", 0, "eee", "exit-code", "1")],
                          {"all": "Started sparkops-serve.service.\n" + VLLM_REFUSAL})
-    res, _took = run_module(_args(server), unit)
+    res, _took = run_module(_args(server), unit, monkeypatch)
     assert res["cause"].startswith("ValueError: Available memory")
     assert "lines of `journalctl -u sparkops-serve.service` (the docker run output)" in res["msg"]
     assert "_SYSTEMD_INVOCATION_ID=eee" in (unit / "journalctl.calls").read_text()
 
 
-def test_a_healthy_server_passes_while_the_unit_runs(tmp_path, server):
+def test_a_healthy_server_passes_while_the_unit_runs(tmp_path, server, monkeypatch):
     server.healthy_after = 3
     unit = stand_in_unit(tmp_path, [_show("active", "running", 0, "ddd")], {})
-    res, _took = run_module(_args(server), unit)
+    res, _took = run_module(_args(server), unit, monkeypatch)
     assert not res.get("failed"), res
     assert res["healthy"] and res["waited_s"] >= 2 and server.polls == 3
     assert len((unit / "systemctl.calls").read_text().splitlines()) == 3   # before the wait, after polls 1 and 2
@@ -338,15 +342,15 @@ def test_a_healthy_server_passes_while_the_unit_runs(tmp_path, server):
     assert not (unit / "journalctl.calls").exists()
 
 
-def test_tells_whether_the_report_file_exists(tmp_path, server):
+def test_tells_whether_the_report_file_exists(tmp_path, server, monkeypatch):
     # the serve role writes plan-vs-actual only when it is missing (or the server restarted)
     server.healthy_after = 1
     unit = stand_in_unit(tmp_path, [_show("active", "running", 0, "eee")], {})
     report = tmp_path / "plan-vs-actual.json"
-    res, _took = run_module(_args(server, report_path=str(report)), unit)
+    res, _took = run_module(_args(server, report_path=str(report)), unit, monkeypatch)
     assert res["healthy"] and res["report_exists"] is False, res
     report.write_text("{}\n")
-    res, _took = run_module(_args(server, report_path=str(report)), unit)
+    res, _took = run_module(_args(server, report_path=str(report)), unit, monkeypatch)
     assert res["report_exists"] is True, res
-    res, _took = run_module(_args(server), unit)
+    res, _took = run_module(_args(server), unit, monkeypatch)
     assert "report_exists" not in res
