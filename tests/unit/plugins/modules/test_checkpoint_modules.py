@@ -1,51 +1,46 @@
-"""checkpoint_fetch and checkpoint_verify: check mode with diff, for real, and again."""
+"""checkpoint_fetch and checkpoint_verify: check mode with diff, for real, and again (in this
+process, harness.run_module; once through ansible-playbook for the wiring)."""
 import json
 import os
-import subprocess
 import sys
+import textwrap
+import threading
 
 import pytest
 
-from ansible_json import stdout_json
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from support_checkpoint import SHARDS, flip_byte, http_server, src_dir  # noqa: E402,F401  pylint: disable=unused-import
+from support_checkpoint import SHARDS, flip_byte, src_dir  # noqa: E402,F401  pylint: disable=unused-import
+from range_http_server import make_server  # noqa: E402  (support_checkpoint put it on sys.path)
 
-from ansible.module_utils import basic  # noqa: E402
-from ansible.module_utils.testing import patch_module_args  # noqa: E402
 from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
 from ansible_collections.sparkops.appliance.plugins.modules import checkpoint_fetch, checkpoint_verify  # noqa: E402
+from harness import ansible_env, host_results, play_json  # noqa: E402
+from harness import run_module as run_in_process  # noqa: E402
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+
+@pytest.fixture
+def http_server(src_dir):
+    """support_checkpoint's server, serving with a short poll interval: shutdown() at teardown
+    waits for the serving loop to notice (0.5 s a test with the default)."""
+    server = make_server(src_dir)
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    server.base = "http://127.0.0.1:%d" % server.server_address[1]
+    yield server
+    server.shutdown()
+    server.server_close()
 
 
-class Exit(Exception):
-    def __init__(self, failed, result):
-        super().__init__(result.get("msg"))
-        self.failed = failed
+class Exit:
+    """A module's end: failed (fail_json) or not (exit_json), and its result."""
+
+    def __init__(self, result):
+        self.failed = bool(result.get("failed"))
         self.result = result
 
 
 def run_module(mod, args, check=False, diff=True):
-    args = dict(args, _ansible_check_mode=check, _ansible_diff=diff)
-
-    def exit_json(self, **kw):
-        raise Exit(False, kw)
-
-    def fail_json(self, msg, **kw):
-        kw["msg"] = msg
-        raise Exit(True, kw)
-
-    with patch_module_args(args):
-        orig = (basic.AnsibleModule.exit_json, basic.AnsibleModule.fail_json)
-        basic.AnsibleModule.exit_json, basic.AnsibleModule.fail_json = exit_json, fail_json
-        try:
-            mod.main()
-        except Exit as e:
-            return e
-        finally:
-            basic.AnsibleModule.exit_json, basic.AnsibleModule.fail_json = orig
-    raise AssertionError("module did not exit")
+    return Exit(run_in_process(mod, args, check=check, diff=diff))
 
 
 def ok(mod, args, **kw):
@@ -232,21 +227,31 @@ def test_verify_without_manifest_and_wrong_revision(src_dir):
 
 
 def test_fetch_through_ansible_cli(src_dir, http_server, tmp_path):
-    """The modules run through ansible itself (module_utils shipped with the module)."""
+    """The modules run through ansible itself (module_utils shipped with the module): fetch,
+    verify, verify again, as three tasks of one ansible-playbook run."""
     publish_manifest(src_dir)
     dest = str(tmp_path / "dest")
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_LOCALHOST_WARNING="0")
+    play = tmp_path / "play.yml"
+    play.write_text(textwrap.dedent("""
+        - name: Checkpoint modules
+          hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: fetch
+              sparkops.appliance.checkpoint_fetch: {src: "%(src)s", dest: "%(dest)s"}
+            - name: verify
+              sparkops.appliance.checkpoint_verify: {path: "%(dest)s"}
+            - name: verify again
+              sparkops.appliance.checkpoint_verify: {path: "%(dest)s"}
+        """) % {"src": http_server.base, "dest": dest})
+    doc = play_json(str(play), extra_vars={"ansible_python_interpreter": sys.executable},
+                    env=ansible_env(ANSIBLE_LOCALHOST_WARNING="0"), timeout=120)
+    results = {task: res for _play, task, res in host_results(doc, "localhost")}
+    assert list(results) == ["fetch", "verify", "verify again"], results
 
-    def adhoc(mod, args):
-        out = subprocess.run(["ansible", "localhost", "-c", "local", "-m", mod, "-a", json.dumps(args)],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
-        res = stdout_json(out)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-        return res
-
-    r = adhoc("sparkops.appliance.checkpoint_fetch", {"src": http_server.base, "dest": dest})
+    r = results["fetch"]
     assert r.get("changed") is True, r
-    r = adhoc("sparkops.appliance.checkpoint_verify", {"path": dest})
+    r = results["verify"]
     assert r.get("changed") is True and r["verified"] and r["total_bytes"] == sum(SHARDS.values()), r
-    r = adhoc("sparkops.appliance.checkpoint_verify", {"path": dest})
+    r = results["verify again"]
     assert r.get("changed") is False and r["hashed"] is False, r
