@@ -122,13 +122,13 @@ def test_both_lookups_through_ansible():
     terms name the roles, a value that cannot be templated yet is left to the role."""
     import subprocess
     from ansible_json import stdout_json
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(COLLECTION_ROOT, '.collections'),
-               ANSIBLE_STDOUT_CALLBACK='ansible.builtin.json', ANSIBLE_LOAD_CALLBACK_PLUGINS='1')
+    from harness import ROOT, ansible_env
+    env = ansible_env(ANSIBLE_COLLECTIONS_PATH=os.path.join(COLLECTION_ROOT, '.collections'))
     expr = ("{{ [query('sparkops.appliance.role_options', 'ple', type='bool'), "
             "query('sparkops.appliance.input_problems', 'ple')] }}")
     proc = subprocess.run(['ansible', 'localhost', '-i', 'localhost,', '-c', 'local', '-m', 'ansible.builtin.debug',
                            '-a', 'msg=' + expr, '-e', 'ple_verify=yes', '-e', '{"ple_alignment": "{{ not_known_yet }}"}'],
-                          capture_output=True, text=True, env=env, timeout=120, check=True)
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120, check=True)
     bools, problems = stdout_json(proc)['plays'][0]['tasks'][0]['hosts']['localhost']['msg']
     assert bools == names_by_type(load_role_options(roles=['ple']), 'bool') and 'ple_verify' in bools
     assert len(problems) == 1 and problems[0].startswith('ple_verify = "yes": a string, not a YAML boolean')

@@ -12,10 +12,8 @@ import pytest
 
 from ansible_collections.sparkops.appliance.plugins.module_utils import _ple_hash, _safetensors
 from ansible_collections.sparkops.appliance.plugins.modules import ple_pack
+from harness import ROOT
 from ple_checkpoints import PLE, build_checkpoint, doc_digest, tensor, write_shard
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))))
 CHUNK = 4096
 
 

@@ -11,10 +11,9 @@ import pytest
 
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.sparkops.appliance.plugins.modules import ple_pack
+from ansible_json import stdout_json
+from harness import ROOT, host_results, run_playbook
 from ple_checkpoints import PLE, PLE_AUDIO, build_checkpoint, doc_digest, tensor, write_raw_shard, write_shard
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))))
 
 
 def parse_pack(path):
@@ -470,7 +469,6 @@ def test_module_reports_bad_input_as_failed(tmp_path, capsys):
 def test_module_through_ansible_playbook(tmp_path, ckpt):
     src, _raw = ckpt
     dest = tmp_path / "m.ple"
-    report = tmp_path / "report.json"
     play = tmp_path / "play.yml"
     play.write_text(textwrap.dedent("""
         - hosts: localhost
@@ -489,18 +487,12 @@ def test_module_through_ansible_playbook(tmp_path, ckpt):
               sparkops.appliance.ple_pack: {checkpoint_dir: "%(src)s", dest: "%(dest)s"}
               diff: true
               register: again
-            - name: Save the results
-              ansible.builtin.copy:
-                content: "{{ {'check': check, 'real': real, 'again': again} | to_json }}"
-                dest: "%(report)s"
-                mode: "0600"
-        """) % {"src": src, "dest": dest, "report": report})
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
-    proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e",
-                           "ansible_python_interpreter=" + sys.executable, str(play)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+        """) % {"src": src, "dest": dest})
+    # the task results as the JSON stdout callback reports them (no task that saves them)
+    proc = run_playbook(str(play), extra_vars={"ansible_python_interpreter": sys.executable})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = json.loads(report.read_text())
+    names = {"Check mode with diff": "check", "For real": "real", "Again": "again"}
+    res = {names[task]: result for _play, task, result in host_results(stdout_json(proc), "localhost")}
     assert res["check"]["changed"] is True and res["real"]["changed"] is True
     assert res["again"]["changed"] is False
     assert res["again"]["diff"]["before"] == res["again"]["diff"]["after"]
