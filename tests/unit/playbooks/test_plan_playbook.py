@@ -8,25 +8,22 @@
 """
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from ansible_collections.sparkops.appliance.plugins.filter.memory_plan import memory_plan
+from harness import ROOT, ansible_env, batch_inventory, host_failure, play_json, run_playbook
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 GIB = 2 ** 30
+PLAN = os.path.join(ROOT, 'playbooks', 'plan.yml')
 
 
 def run_plan(inventory, out, *args):
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
-               ANSIBLE_FORCE_COLOR='0')
-    cmd = ['ansible-playbook', os.path.join(ROOT, 'playbooks', 'plan.yml'), '-i', str(inventory),
-           '-e', 'plan_json_path=%s' % out] + list(args)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    """plan.yml under the repo's ansible.cfg (its default stdout callback: the table as users see it)."""
+    proc = run_playbook(PLAN, inventory=inventory, extra_vars=None, connection=None,
+                        args=['-e', 'plan_json_path=%s' % out] + list(args),
+                        env=ansible_env(stdout_callback=None))
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -78,15 +75,6 @@ def test_example_inventory_plans_every_host_without_connecting(tmp_path, example
     assert 'squeezed by host cap' in table and 'WARNING spark-01: at most 4 of 8' in table
 
 
-def write_inventory(tmp_path, **host_vars):
-    inventory = tmp_path / 'inventory.yml'
-    host = dict({'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable},
-                **host_vars)
-    inventory.write_text(yaml.safe_dump(
-        {'all': {'children': {'sparks': {'hosts': {'spark-local': host}}}}}))
-    return inventory
-
-
 def tree(path):
     """Everything about a directory tree that a change would touch."""
     out = {}
@@ -116,11 +104,6 @@ def make_model(models, tmp_path):
     return models, ckpt, files, config
 
 
-@pytest.fixture
-def local_model(tmp_path):
-    return make_model(tmp_path / 'models', tmp_path)
-
-
 def local_vars(models, **extra):
     values = {
         'spark_model_dir': str(models), 'spark_model_name': 'tiny',
@@ -132,20 +115,79 @@ def local_vars(models, **extra):
     return values
 
 
+class Case(object):
+    """One local host's case: its model, its host vars; after the run its stats, its entry of the
+    report, its first failed result."""
+
+
+def local_cases(tmp):
+    """host -> Case, for the run without --check (one host per case) and the one with it."""
+    cases = {False: {}, True: {}}
+    for check in (False, True):
+        case = cases[check]['reachable-%s' % ('check' if check else 'real')] = Case()
+        base = tmp / ('reachable-%s' % check)
+        case.models, case.ckpt, case.files, case.config = make_model(base / 'models', base)
+        case.vars = local_vars(case.models)
+        case.watched = (base / 'blobs', case.models)
+    # /home/me/.cache/models/x: the hidden directory is above the checkpoint
+    case = cases[False]['hidden'] = Case()
+    base = tmp / 'hidden'
+    case.models, case.ckpt, case.files, _pack = make_model(base / 'home' / '.cache' / 'models', base)
+    case.vars = local_vars(case.models)
+    case = cases[False]['kv-given'] = Case()
+    base = tmp / 'kv-given'
+    case.models = make_model(base / 'models', base)[0]
+    case.vars = local_vars(case.models, memory_plan_kv_bytes_per_token=4096, memory_plan_mem_total_gib=16)
+    case = cases[False]['never-gather'] = Case()
+    case.vars = {'memory_plan_gather': 'never', 'memory_plan_max_model_len': 2048,
+                 'memory_plan_weight_bytes': GIB, 'memory_plan_kv_bytes_per_token': 4096}
+    return cases
+
+
+@pytest.fixture(scope='module')
+def local_runs(tmp_path_factory):
+    """Every local-host case in one ansible-playbook start per mode: each case a host of a batch
+    inventory (this machine, local connection, its own model and variables as host vars, as the
+    one-host inventory gave them); the plan JSON holds every host that was planned, keyed by host.
+    A case that fails (never-gather) drops out of the later play alone."""
+    tmp = tmp_path_factory.mktemp('plan-local')
+    cases = local_cases(tmp)
+    for check, hosts in cases.items():
+        for case in hosts.values():
+            case.before = {}
+            for path in getattr(case, 'watched', ()):
+                case.before.update(tree(path))
+        run_dir = tmp / ('run-check' if check else 'run')
+        run_dir.mkdir()
+        out = run_dir / 'out' / 'plan.json'
+        inventory = batch_inventory(run_dir, {h: c.vars for h, c in hosts.items()}, group='sparks')
+        doc = play_json(PLAN, inventory=inventory, connection=None,
+                        args=['-e', 'plan_json_path=%s' % out] + (['--check'] if check else []))
+        report = json.loads(out.read_text()) if out.exists() else {}
+        for host, case in hosts.items():
+            case.out = out
+            case.stats = doc['stats'][host]
+            case.failure = host_failure(doc, host)
+            case.entry = report.get(host)
+    return cases
+
+
+def assert_ran_clean(case):
+    """The host's own run succeeded (what rc == 0 said when it ran alone)."""
+    assert case.failure is None and case.stats['failures'] == 0 and case.stats['unreachable'] == 0, case.failure
+
+
 @pytest.mark.parametrize('check', [True, False])
-def test_a_reachable_host_is_measured_and_left_unchanged(tmp_path, local_model, check):
-    models, ckpt, files, config = local_model
-    inventory = write_inventory(tmp_path, **local_vars(models))
-    before = tree(tmp_path / 'blobs')
-    before.update(tree(models))
-    out = tmp_path / 'out' / 'plan.json'
-    rc, log = run_plan(inventory, out, *(['--check'] if check else []))
-    assert rc == 0, log
-    after = tree(tmp_path / 'blobs')
-    after.update(tree(models))
-    after.pop(str(out), None)
-    assert after == before
-    entry = json.loads(out.read_text())['spark-local']
+def test_a_reachable_host_is_measured_and_left_unchanged(local_runs, check):
+    case = local_runs[check]['reachable-%s' % ('check' if check else 'real')]
+    models, ckpt, files, config = case.models, case.ckpt, case.files, case.config
+    assert_ran_clean(case)
+    after = {}
+    for path in case.watched:
+        after.update(tree(path))
+    after.pop(str(case.out), None)
+    assert after == case.before
+    entry = case.entry
     plan, sources = entry['plan'], entry['sources']
     assert sources == {'mem_total_gib': '/proc/meminfo', 'weight_bytes': 'measured',
                        'ple_gib': 'measured', 'kv_bytes_per_token': 'config.json',
@@ -158,27 +200,21 @@ def test_a_reachable_host_is_measured_and_left_unchanged(tmp_path, local_model, 
     assert plan['inputs']['mem_total_gib'] == pytest.approx(kib / 1048576.0, abs=0.01)
 
 
-def test_a_checkpoint_under_a_hidden_directory_is_measured(tmp_path):
+def test_a_checkpoint_under_a_hidden_directory_is_measured(local_runs):
     """/home/me/.cache/models/x: only hidden entries inside the checkpoint are skipped (du's
     --exclude='.*' matched the whole path and measured nothing)."""
-    models, ckpt, files, _pack = make_model(tmp_path / 'home' / '.cache' / 'models', tmp_path)
-    inventory = write_inventory(tmp_path, **local_vars(models))
-    out = tmp_path / 'plan.json'
-    rc, log = run_plan(inventory, out)
-    assert rc == 0, log
-    entry = json.loads(out.read_text())['spark-local']
+    case = local_runs[False]['hidden']
+    files = case.files
+    assert_ran_clean(case)
+    entry = case.entry
     assert entry['sources']['weight_bytes'] == 'measured'
     assert entry['plan']['inputs']['weight_bytes'] == files
 
 
-def test_given_kv_bytes_win_over_config_json(tmp_path, local_model):
-    models = local_model[0]
-    inventory = write_inventory(tmp_path, **local_vars(models, memory_plan_kv_bytes_per_token=4096,
-                                                       memory_plan_mem_total_gib=16))
-    out = tmp_path / 'plan.json'
-    rc, log = run_plan(inventory, out)
-    assert rc == 0, log
-    entry = json.loads(out.read_text())['spark-local']
+def test_given_kv_bytes_win_over_config_json(local_runs):
+    case = local_runs[False]['kv-given']
+    assert_ran_clean(case)
+    entry = case.entry
     assert entry['plan']['kv_bytes_per_token'] == 4096
     assert entry['sources']['kv_bytes_per_token'] == 'given'
     assert entry['sources']['mem_total_gib'] == 'given'
@@ -203,9 +239,9 @@ def test_refusals_name_the_variable(tmp_path, extra, needles):
     assert not out.exists()
 
 
-def test_never_gather_with_a_missing_value_names_it(tmp_path):
-    inventory = write_inventory(tmp_path, memory_plan_gather='never', memory_plan_max_model_len=2048,
-                                memory_plan_weight_bytes=GIB, memory_plan_kv_bytes_per_token=4096)
-    rc, log = run_plan(inventory, tmp_path / 'plan.json')
-    assert rc != 0
-    assert "'mem_total_gib' (memory_plan_mem_total_gib) is missing" in log, log
+def test_never_gather_with_a_missing_value_names_it(local_runs):
+    case = local_runs[False]['never-gather']
+    # the host's own run failed (what rc != 0 said when it ran alone), saying why in its result
+    assert case.failure is not None and case.stats['failures'] != 0 and case.entry is None
+    log = case.failure.get('msg', '')
+    assert "'mem_total_gib' (memory_plan_mem_total_gib) is missing" in log, case.failure
