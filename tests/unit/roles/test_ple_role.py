@@ -3,14 +3,14 @@ refused on the controller, before anything connects to the host, with a message 
 variable, the value and the fix."""
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+from ansible_json import stdout_json
+from harness import ROOT, ansible_env, host_results, run_playbook
+
 sys.path.insert(0, os.path.join(ROOT, "tests", "unit", "plugins"))
 
 from ple_checkpoints import PLE, PLE_AUDIO, build_checkpoint  # noqa: E402  pylint: disable=wrong-import-position
@@ -19,33 +19,20 @@ from ple_checkpoints import PLE, PLE_AUDIO, build_checkpoint  # noqa: E402  pyli
 def playbook(tmp_path, inventory, play, extra=()):
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
     (tmp_path / "play.yml").write_text(textwrap.dedent(play))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
-    return subprocess.run(["ansible-playbook", "-i", str(tmp_path / "inventory.json"), str(tmp_path / "play.yml")]
-                          + list(extra), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return run_playbook(tmp_path / "play.yml", inventory=tmp_path / "inventory.json", args=extra, connection=None,
+                        env=ansible_env())
 
 
-def test_the_two_ple_paths_suffice_without_spark_model_vars(tmp_path):
-    """No spark_model_dir, no spark_model_name: ple_checkpoint_dir and ple_pack_file are enough."""
-    build_checkpoint(tmp_path / "ckpt")
-    pack = tmp_path / "out" / "m.ple"
-    inventory = {"all": {"hosts": {"spark": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-        "ple_checkpoint_dir": str(tmp_path / "ckpt"), "ple_pack_file": str(pack)}}}}
-    proc = playbook(tmp_path, inventory, """
-        - hosts: spark
-          gather_facts: false
-          roles:
-            - role: sparkops.appliance.ple
-          tasks:
-            - name: Save the facts handed to the memory plan
-              ansible.builtin.copy:
-                content: "{{ {'bytes': spark_ple_bytes, 'file': spark_ple_pack_file} | to_json }}"
-                dest: "%s"
-                mode: "0600"
-        """ % (tmp_path / "facts.json"))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "spark_model_dir" not in proc.stdout
-    facts = json.loads((tmp_path / "facts.json").read_text())
+def test_the_two_ple_paths_suffice_without_spark_model_vars(sweep):
+    """No spark_model_dir, no spark_model_name: ple_checkpoint_dir and ple_pack_file are enough.
+    The host "spark" of the sweep's run (its last play: this machine, the role's main entry point)."""
+    spark = sweep["spark"]
+    pack = spark["pack"]
+    # the host's own run succeeded (what returncode 0 said when it ran alone)
+    assert spark["stats"]["failures"] == 0 and spark["stats"]["unreachable"] == 0, spark["results"][-3:]
+    # every task name and result of this host (what the default callback printed for it)
+    assert "spark_model_dir" not in json.dumps(spark["results"])
+    facts = json.loads(spark["facts"].read_text())
     assert facts["file"] == str(pack) and pack.is_file()
     tables = json.loads(pack.read_bytes()[24:24 + int.from_bytes(pack.read_bytes()[16:24], "little")])["tables"]
     assert [t["name"] for t in tables] == [PLE, PLE_AUDIO]
@@ -150,6 +137,16 @@ SWEEP_PLAY = """
             content: "{{ dict(groups['cases'] | zip(groups['cases'] | map('extract', hostvars, 'case_result'))) | to_json }}"
             dest: "{{ out }}"
             mode: "0600"
+    - hosts: spark
+      gather_facts: false
+      roles:
+        - role: sparkops.appliance.ple
+      tasks:
+        - name: Save the facts handed to the memory plan
+          ansible.builtin.copy:
+            content: "{{ {'bytes': spark_ple_bytes, 'file': spark_ple_pack_file} | to_json }}"
+            dest: "{{ facts_out }}"
+            mode: "0600"
 """
 
 
@@ -173,15 +170,28 @@ def sweep(tmp_path_factory):
     # the role's main entry point runs the same checks first, before its first host task
     for name, overrides, *_expected in BAD[:3] + BAD[-3:]:
         hosts["main-" + name] = host_vars(overrides, "main")
+    # the two-paths case: this machine, only ple_checkpoint_dir and ple_pack_file (last play)
+    build_checkpoint(tmp / "ckpt")
+    pack = tmp / "out" / "m.ple"
+    spark = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+             "ple_checkpoint_dir": str(tmp / "ckpt"), "ple_pack_file": str(pack)}
     inventory = {"all": {
-        "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
+        "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+                  "spark": spark},
         "children": {"cases": {"hosts": hosts, "vars": {
             "ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1,
             "ansible_python_interpreter": "/usr/bin/python3"}}}}}
     out = tmp / "results.json"
-    proc = playbook(tmp, inventory, SWEEP_PLAY, ["-e", "out=%s" % out, "-f", "8"])
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    return json.loads(out.read_text())
+    proc = playbook(tmp, inventory, SWEEP_PLAY, ["-e", "out=%s" % out, "-e", "facts_out=%s" % (tmp / "facts.json"), "-f", "8"])
+    doc = stdout_json(proc)
+    # every host of the sweep ran clean (the cases rescued their refusals); "spark" is judged by its own test
+    for host, stats in doc["stats"].items():
+        if host != "spark":
+            assert stats["failures"] == 0 and stats["unreachable"] == 0, (host, stats, proc.stderr[-2000:])
+    results = json.loads(out.read_text())
+    results["spark"] = {"pack": pack, "facts": tmp / "facts.json", "stats": doc["stats"].get("spark", {"failures": "no result"}),
+                        "results": host_results(doc, "spark")}
+    return results
 
 
 @pytest.mark.parametrize("name,overrides,var,value,fix", BAD, ids=[b[0] for b in BAD])
