@@ -5,18 +5,15 @@ peer by SSH key. Here nothing answers SSH on the peer address (127.0.0.1 on a po
 listens on), so the run stops with a message that names the variables and the fix, before the
 checkpoint directory exists."""
 import json
-import os
 import shutil
 import socket
-import subprocess
 import sys
 
 import pytest
 import yaml
 
 from ansible_json import stdout_json
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+from harness import run_playbook
 
 
 def free_port():
@@ -37,9 +34,7 @@ def test_an_untrusted_peer_stops_the_run_naming_the_fix_before_any_change(tmp_pa
                  "checkpoint_peer_ssh_opts": "-p %d -o UserKnownHostsFile=/dev/null" % free_port(), "checkpoint_dir": str(ckpt),
                  "checkpoint_peer_dir": str(tmp_path / "peer")},
         "roles": ["sparkops.appliance.checkpoint"]}]))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "hosts.json"), str(tmp_path / "pb.yml")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = run_playbook(tmp_path / "pb.yml", inventory=tmp_path / "hosts.json", connection=None)
     assert proc.returncode != 0
     failed = [(t["task"]["name"], h) for t in stdout_json(proc)["plays"][0]["tasks"] for h in t["hosts"].values() if h.get("failed")]
     assert [name.split(" : ")[-1] for name, _h in failed] == ["Checkpoint | the peer does not accept this host"]
