@@ -5,7 +5,14 @@
 input checks as it is; a bad pair is refused with a message naming the variable and the host,
 before any change; the Ray units and the head's serve unit render with every transport pinned to
 the interconnect, the dashboard off, TP=2 over Ray and a bounded wait for both nodes; memwatch on
-a worker stops the Ray unit."""
+a worker stops the Ray unit.
+
+One ansible-playbook start does it all (a module-scoped fixture; each test reads its own part):
+plays that render every template variant the tests read (one task per variant, on the example
+host it names, with that variant's values as task vars: above the role defaults and vars that the
+play loads, as the -e of one start per variant was), then the input checks on the example
+inventory's sparks and on a batch of bad pairs (each pair its own cluster_name, so the pairs do not
+see each other), and a last play on the example's singles with a tensor-parallel plan."""
 import json
 import os
 import shutil
@@ -14,16 +21,14 @@ import sys
 import textwrap
 
 import pytest
+import yaml
 
-from ansible_json import stdout_json
+from harness import ROOT, batch_inventory, host_results, play_json
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 EXAMPLE = os.path.join(ROOT, "inventories", "example")
+EXAMPLE_SPARKS = ["spark-01", "spark-02", "spark-03", "spark-pa-head", "spark-pa-worker"]
 
-VALIDATE = """
-- hosts: %(hosts)s
-  gather_facts: false
-  tasks:
+VALIDATE_TASKS = """
     - name: Cluster validate
       ansible.builtin.include_role:
         name: sparkops.appliance.cluster
@@ -41,44 +46,21 @@ VALIDATE = """
                    max_num_seqs: 1, max_num_batched_tokens: 1, mtp_enabled: false, mtp_num_speculative_tokens: 0,
                    kv_cache_dtype: auto}
 """
-
-
-def run_validate(tmp_path, inventory=EXAMPLE, hosts="sparks", extra=None):
-    (tmp_path / "play.yml").write_text(VALIDATE % {"hosts": hosts})
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
-    cmd = ["ansible-playbook", "-i", str(inventory), "-c", "local",
-           "-e", "ansible_python_interpreter=" + sys.executable, str(tmp_path / "play.yml")]
-    # site.yml validates after gathering facts (the jemalloc path names the architecture)
-    cmd += ["-e", json.dumps(dict({"ansible_facts": {"architecture": "aarch64"}}, **(extra or {})))]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    out = stdout_json(proc)
-    messages = [h.get("msg", "") for p in out["plays"] for t in p["tasks"] for h in t["hosts"].values() if h.get("failed")]
-    return proc.returncode, " | ".join(messages)
-
-
-def pair_inventory(tmp_path, head=None, worker=None, group=None):
-    hosts = {"h": {"cluster_role": "head", "spark_interconnect_ip": "10.10.0.1"},
-             "w": {"cluster_role": "worker", "spark_interconnect_ip": "10.10.0.2"}}
-    hosts["h"].update(head or {})
-    hosts["w"].update(worker or {})
-    group_vars = {"cluster_name": "p", "memory_plan_tensor_parallel_size": 2, "spark_interconnect_if": "enp1s0f1np1"}
-    group_vars.update(group or {})
-    inv = {"all": {"children": {"sparks": {"children": {"p": {"hosts": hosts, "vars": group_vars}}}}}}
-    path = tmp_path / "hosts.yml"
-    path.write_text(json.dumps(inv))
-    return path
-
-
-def test_example_inventory_passes_as_it_is(tmp_path):
-    assert run_validate(tmp_path) == (0, "")
-
-
-def test_a_single_spark_keeps_the_tp_refusal(tmp_path):
-    rc, msg = run_validate(tmp_path, hosts="singles", extra={"memory_plan_tensor_parallel_size": 2})
-    assert rc != 0
-    assert "memory_plan_tensor_parallel_size is 2 on spark-01" in msg
-
+# The singles' play: memory_plan_tensor_parallel_size 2 as play vars (above the inventory's 1, as
+# the -e of a start of its own was; nothing between the two levels sets it: no vars_files, role
+# vars, set_fact or include vars of these tasks do).
+VALIDATE = """
+- name: Validate
+  hosts: sparks:cases
+  gather_facts: false
+  tasks:%(tasks)s
+- name: Validate singles
+  hosts: singles
+  gather_facts: false
+  vars:
+    memory_plan_tensor_parallel_size: 2
+  tasks:%(tasks)s
+""" % {"tasks": VALIDATE_TASKS}
 
 BAD = [
     ({"worker": {"cluster_role": "head"}}, "exactly one with cluster_role head"),
@@ -93,63 +75,134 @@ BAD = [
 ]
 
 
+def pair_hosts(index, head=None, worker=None, group=None):
+    """The hosts h<index> and w<index> of a pair of its own (cluster_name p<index>)."""
+    hosts = {"h": {"cluster_role": "head", "spark_interconnect_ip": "10.10.0.1"},
+             "w": {"cluster_role": "worker", "spark_interconnect_ip": "10.10.0.2"}}
+    hosts["h"].update(head or {})
+    hosts["w"].update(worker or {})
+    group_vars = {"cluster_name": "p%d" % index, "memory_plan_tensor_parallel_size": 2,
+                  "spark_interconnect_if": "enp1s0f1np1"}
+    group_vars.update(group or {})
+    return {name + str(index): dict(group_vars, **values) for name, values in hosts.items()}
+
+
+# A pair of one: host h, alone with cluster_name p.
+PAIR_OF_ONE = {"h": {"cluster_name": "p", "cluster_role": "head", "spark_interconnect_ip": "10.0.0.1",
+                     "spark_interconnect_if": "eth1", "memory_plan_tensor_parallel_size": 2}}
+CASES = dict(PAIR_OF_ONE)
+for _index, (_change, _message) in enumerate(BAD):
+    CASES.update(pair_hosts(_index, **_change))
+
+PLAN = {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_bytes": 107374182400,
+        "inputs": {"max_model_len": 1024, "max_num_seqs": 8, "max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8",
+                   "mtp_enabled": False, "mtp_num_speculative_tokens": 0, "tensor_parallel_size": 2}}
+RENDER_VARS = {"spark_runtime_image": "sparkops/vllm-runtime:0123456789ab", "spark_memory_plan": PLAN}
+# variant: (role, template, host, its own values over RENDER_VARS)
+RENDERS = {
+    "head-ray-service": ("cluster", "ray.service.j2", "spark-pa-head", {}),
+    "head-ray-service-no-firewall": ("cluster", "ray.service.j2", "spark-pa-head", {"cluster_firewall": False}),
+    "worker-ray-service": ("cluster", "ray.service.j2", "spark-pa-worker", {}),
+    "worker-ray-env": ("cluster", "ray.env.j2", "spark-pa-worker", {}),
+    "worker-ray-env-no-hca": ("cluster", "ray.env.j2", "spark-pa-worker", {"spark_ib_hca": "", "cluster_nccl_buffsize": 8388608}),
+    "head-ray-nft": ("cluster", "ray.nft.j2", "spark-pa-head", {}),
+    "head-serve-service": ("serve", "serve.service.j2", "spark-pa-head", {"serve_image": "sparkops/vllm-runtime:0123456789ab"}),
+    "head-serve-env": ("serve", "serve.env.j2", "spark-pa-head", {"serve_image": "x:y"}),
+    "single-serve-service": ("serve", "serve.service.j2", "spark-01", {
+        "serve_image": "x:y",
+        "spark_memory_plan": {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_gib": 1,
+                              "inputs": {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
+                                         "kv_cache_dtype": "auto", "mtp_enabled": False,
+                                         "mtp_num_speculative_tokens": 0}}}),
+    "worker-memwatch": ("memwatch", "memwatch.json.j2", "spark-pa-worker", {}),
+    "head-memwatch": ("memwatch", "memwatch.json.j2", "spark-pa-head", {}),
+}
+
+
+def render_plays(out_dir):
+    """A play per role: its defaults and vars loaded as vars_files, the common role for the shared
+    defaults (role-default precedence, below the inventory), a template task per variant."""
+    plays = []
+    for role in ("cluster", "serve", "memwatch"):
+        variants = {name: v for name, v in RENDERS.items() if v[0] == role}
+        tasks = [{"name": "Render " + name,
+                  "ansible.builtin.template": {"src": "%s/roles/%s/templates/%s" % (ROOT, role, template),
+                                               "dest": os.path.join(out_dir, name), "mode": "0644"},
+                  "delegate_to": "localhost",
+                  "when": "inventory_hostname == %s" % json.dumps(host),
+                  "vars": dict(RENDER_VARS, **extra)}
+                 for name, (_role, template, host, extra) in variants.items()]
+        plays.append({"name": "Render " + role,
+                      "hosts": ":".join(sorted({v[2] for v in variants.values()})),
+                      "gather_facts": False,
+                      "roles": ["sparkops.appliance.common"],
+                      "vars_files": ["%s/roles/%s/defaults/main.yml" % (ROOT, role),
+                                     "%s/roles/%s/vars/main.yml" % (ROOT, role)],
+                      "tasks": tasks})
+    return yaml.safe_dump(plays, sort_keys=False, width=1000)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("cluster-role")
+    out_dir = tmp_path / "rendered"
+    out_dir.mkdir()
+    # the renders first: a host that fails a check leaves the later plays
+    (tmp_path / "play.yml").write_text(render_plays(str(out_dir)) + VALIDATE)
+    inventory = batch_inventory(tmp_path, CASES, group="cases")
+    # site.yml validates after gathering facts (the jemalloc path names the architecture)
+    doc = play_json(tmp_path / "play.yml", inventory=EXAMPLE, args=["-i", inventory],
+                    extra_vars={"ansible_python_interpreter": sys.executable,
+                                "ansible_facts": {"architecture": "aarch64"}})
+    return doc, out_dir
+
+
+def validate(doc, hosts, play="Validate"):
+    """(failed, messages) of these hosts in a validate play, as a start of their own returned them:
+    whether one failed (its rc), the failed results' messages joined."""
+    results = [r for host in hosts for p, _t, r in host_results(doc, host) if p == play]
+    assert results, "%s ran no task in %s" % (hosts, play)
+    messages = [r.get("msg", "") for r in results if r.get("failed") or r.get("unreachable")]
+    return bool(messages), " | ".join(messages)
+
+
+def render(run, variant):
+    """The file a variant rendered (the test fails with the task's result where it did not)."""
+    doc, out_dir = run
+    _role, _template, host, _extra = RENDERS[variant]
+    result = [r for _p, t, r in host_results(doc, host) if t == "Render " + variant]
+    assert len(result) == 1 and not result[0].get("failed") and not result[0].get("skipped"), (variant, result)
+    return (out_dir / variant).read_text()
+
+
+def test_example_inventory_passes_as_it_is(run):
+    doc, _out = run
+    ran = {h for play in doc["plays"] if play["play"]["name"] == "Validate" for t in play["tasks"] for h in t["hosts"]}
+    assert sorted(ran - set(CASES)) == EXAMPLE_SPARKS
+    assert validate(doc, EXAMPLE_SPARKS) == (False, "")
+
+
+def test_a_single_spark_keeps_the_tp_refusal(run):
+    failed, msg = validate(run[0], ["spark-01", "spark-02", "spark-03"], play="Validate singles")
+    assert failed
+    assert "memory_plan_tensor_parallel_size is 2 on spark-01" in msg
+
+
 @pytest.mark.parametrize("change, message", BAD, ids=[str(i) for i in range(len(BAD))])
-def test_bad_pair_is_refused_naming_it(tmp_path, change, message):
-    rc, msg = run_validate(tmp_path, pair_inventory(tmp_path, **change))
-    assert rc != 0
+def test_bad_pair_is_refused_naming_it(run, change, message):
+    failed, msg = validate(run[0], list(pair_hosts(BAD.index((change, message)), **change)))
+    assert failed
     assert message in msg, msg
 
 
-def test_a_pair_of_one_is_refused(tmp_path):
-    host = {"cluster_name": "p", "cluster_role": "head", "spark_interconnect_ip": "10.0.0.1",
-            "spark_interconnect_if": "eth1", "memory_plan_tensor_parallel_size": 2}
-    inv = {"all": {"children": {"sparks": {"hosts": {"h": host}}}}}
-    (tmp_path / "one.yml").write_text(json.dumps(inv))
-    rc, msg = run_validate(tmp_path, tmp_path / "one.yml")
-    assert rc != 0
+def test_a_pair_of_one_is_refused(run):
+    failed, msg = validate(run[0], list(PAIR_OF_ONE))
+    assert failed
     assert 'got members ["h"]' in msg
 
 
-RENDER = """\
-- hosts: %(host)s
-  gather_facts: false
-  roles:
-    - sparkops.appliance.common       # shared defaults at role-default precedence (below the inventory)
-  vars_files:
-    - %(root)s/roles/%(role)s/defaults/main.yml
-    - %(root)s/roles/%(role)s/vars/main.yml
-  tasks:
-    - ansible.builtin.template:
-        src: %(root)s/roles/%(role)s/templates/%(template)s
-        dest: "%(out)s"
-        mode: "0644"
-      delegate_to: localhost
-"""
-
-
-def render(tmp_path, role, template, host, **extra):
-    out = tmp_path / (host + "-" + template)
-    (tmp_path / "render.yml").write_text(RENDER % {"root": ROOT, "role": role, "template": template, "host": host,
-                                                   "out": out})
-    extra_vars = {"ansible_python_interpreter": sys.executable, "ansible_facts": {"architecture": "aarch64"},
-                  "spark_runtime_image": "sparkops/vllm-runtime:0123456789ab",
-                  "spark_memory_plan": {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_bytes": 107374182400,
-                                        "inputs": {"max_model_len": 1024, "max_num_seqs": 8,
-                                                   "max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8",
-                                                   "mtp_enabled": False, "mtp_num_speculative_tokens": 0,
-                                                   "tensor_parallel_size": 2}}}
-    extra_vars.update(extra)
-    (tmp_path / "vars.json").write_text(json.dumps(extra_vars))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
-    r = subprocess.run(["ansible-playbook", "-c", "local", "-i", EXAMPLE, str(tmp_path / "render.yml"),
-                        "-e", "@" + str(tmp_path / "vars.json")], cwd=ROOT, env=env, capture_output=True, text=True,
-                       check=False)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return out.read_text()
-
-
-def test_ray_head_unit_binds_the_interconnect_without_dashboard(tmp_path):
-    unit = render(tmp_path, "cluster", "ray.service.j2", "spark-pa-head")
+def test_ray_head_unit_binds_the_interconnect_without_dashboard(run):
+    unit = render(run, "head-ray-service")
     flat = unit.replace(" \\\n    ", " ")
     assert "--network host --ipc host" in unit
     assert "--gpus all" in unit
@@ -165,52 +218,48 @@ def test_ray_head_unit_binds_the_interconnect_without_dashboard(tmp_path):
     assert "\nTimeoutStopSec=60\n" in unit       # docker stop's grace (30) and 30 s for the removal
 
 
-def test_ray_worker_unit_joins_the_head_on_the_interconnect(tmp_path):
-    unit = render(tmp_path, "cluster", "ray.service.j2", "spark-pa-worker")
+def test_ray_worker_unit_joins_the_head_on_the_interconnect(run):
+    unit = render(run, "worker-ray-service")
     assert "--address 10.10.0.1:6379" in unit
     assert "--node-ip-address 10.10.0.2" in unit
     assert "--head" not in unit
 
 
-def test_ray_env_pins_every_transport_and_keeps_the_memory_defaults(tmp_path):
-    env = render(tmp_path, "cluster", "ray.env.j2", "spark-pa-worker")
+def test_ray_env_pins_every_transport_and_keeps_the_memory_defaults(run):
+    env = render(run, "worker-ray-env")
     lines = set(env.splitlines())
     assert {"VLLM_HOST_IP=10.10.0.2", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "GLOO_SOCKET_IFNAME=enp1s0f1np1",
             "UCX_NET_DEVICES=enp1s0f1np1", "NCCL_IB_HCA=rocep1s0f1", "NCCL_BUFFSIZE=16777216",
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
             "LD_PRELOAD=/usr/lib/aarch64-linux-gnu/libjemalloc.so.2", "VLLM_RPC_BASE_PATH=/tmp/ray"} <= lines
-    env = render(tmp_path, "cluster", "ray.env.j2", "spark-pa-worker", spark_ib_hca="", cluster_nccl_buffsize=8388608)
+    env = render(run, "worker-ray-env-no-hca")
     assert "NCCL_BUFFSIZE=8388608" in env and "NCCL_IB_HCA" not in env
 
 
-def test_head_serve_unit_runs_tp2_over_ray_after_a_bounded_wait(tmp_path):
-    unit = render(tmp_path, "serve", "serve.service.j2", "spark-pa-head", serve_image="sparkops/vllm-runtime:0123456789ab")
+def test_head_serve_unit_runs_tp2_over_ray_after_a_bounded_wait(run):
+    unit = render(run, "head-serve-service")
     assert "--tensor-parallel-size 2 --distributed-executor-backend ray" in unit
     assert "BindsTo=sparkops-ray.service" in unit and "After=sparkops-ray.service" in unit
     assert ("ExecStartPre=/bin/sh -c 'exec /usr/bin/docker exec -i sparkops-ray python3 - 10.10.0.1:6379 2 600 "
             "< /usr/local/libexec/sparkops/cluster-nodes.py'") in unit
     assert "TimeoutStartSec=720" in unit and "Restart=always" in unit
     assert "type=volume,src=sparkops-ray-tmp,dst=/tmp/ray --pid container:sparkops-ray" in unit
-    env = render(tmp_path, "serve", "serve.env.j2", "spark-pa-head", serve_image="x:y")
+    env = render(run, "head-serve-env")
     assert "RAY_ADDRESS=10.10.0.1:6379" in env and "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env
     # the driver's ZeroMQ ipc:// sockets where the head's Ray worker sees them (the shared session volume)
     assert "VLLM_RPC_BASE_PATH=/tmp/ray" in env
 
 
-def test_single_spark_serve_unit_is_unchanged(tmp_path):
-    unit = render(tmp_path, "serve", "serve.service.j2", "spark-01", serve_image="x:y",
-                  spark_memory_plan={"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_gib": 1,
-                                     "inputs": {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
-                                                "kv_cache_dtype": "auto", "mtp_enabled": False,
-                                                "mtp_num_speculative_tokens": 0}})
+def test_single_spark_serve_unit_is_unchanged(run):
+    unit = render(run, "single-serve-service")
     assert "ray" not in unit.lower()
     assert "Restart=on-failure" in unit and "TimeoutStartSec=120" in unit
 
 
-def test_memwatch_on_a_worker_stops_the_ray_unit(tmp_path):
-    cfg = json.loads(render(tmp_path, "memwatch", "memwatch.json.j2", "spark-pa-worker"))
+def test_memwatch_on_a_worker_stops_the_ray_unit(run):
+    cfg = json.loads(render(run, "worker-memwatch"))
     assert cfg["serve_unit"] == "sparkops-ray.service" and cfg["container_name"] == "sparkops-ray"
-    cfg = json.loads(render(tmp_path, "memwatch", "memwatch.json.j2", "spark-pa-head"))
+    cfg = json.loads(render(run, "head-memwatch"))
     assert cfg["serve_unit"] == "sparkops-serve.service"
 
 
@@ -221,10 +270,10 @@ def test_nodes_check_script_compiles():
     assert textwrap.dedent("x") == "x"
 
 
-def test_ray_ports_answer_on_the_interconnect_and_loopback_only(tmp_path):
+def test_ray_ports_answer_on_the_interconnect_and_loopback_only(run, tmp_path):
     """Ray 2.60 listens on 0.0.0.0: the node's nftables table drops its ports on every other interface
     (the Molecule cluster scenario probes it from a second network)."""
-    table = render(tmp_path, "cluster", "ray.nft.j2", "spark-pa-head")
+    table = render(run, "head-ray-nft")
     rule = [line.strip() for line in table.splitlines() if "drop" in line]
     assert rule == ['iifname != { "lo", "enp1s0f1np1" } tcp dport { 6379, 6380, 6381, 6382, 6383, 6384, 6385, '
                     '10002-10999 } drop']
@@ -234,8 +283,8 @@ def test_ray_ports_answer_on_the_interconnect_and_loopback_only(tmp_path):
         (tmp_path / "ray.nft").write_text(table)
         r = subprocess.run([nft, "-c", "-f", str(tmp_path / "ray.nft")], capture_output=True, text=True, check=False)
         assert r.returncode == 0, r.stderr
-    unit = render(tmp_path, "cluster", "ray.service.j2", "spark-pa-head")
+    unit = render(run, "head-ray-service")
     starts = [line for line in unit.splitlines() if line.startswith("ExecStartPre=")]
     assert starts[0] == "ExecStartPre=/usr/sbin/nft -f /etc/sparkops/sparkops-ray.nft"
-    off = render(tmp_path, "cluster", "ray.service.j2", "spark-pa-head", cluster_firewall=False)
+    off = render(run, "head-ray-service-no-firewall")
     assert "nft" not in off
