@@ -4,7 +4,6 @@ does not answer, or a container that does not see the GPU, fails with a message 
 
 One ansible-playbook start runs every case: each a local host of a batch inventory with its own bin
 folder of stand-ins, put in front of PATH by the play's environment."""
-import os
 import stat
 
 import pytest
