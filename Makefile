@@ -47,8 +47,12 @@ checks: deps
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory sanity
 
+## pytest-xdist: one worker more than cores (a test that waits on a job or a stand-in leaves its core to
+## another), and each file's tests on one worker (a file's batch fixture, one ansible-playbook run for
+## many cases, runs once, not once per worker)
+UNIT_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 unit: deps
-	$(TIMED) unit $(PYTHON) -m pytest -q -n auto tests/unit   # one worker per core (pytest-xdist)
+	$(TIMED) unit $(PYTHON) -m pytest -q -n $(UNIT_WORKERS) --dist loadfile tests/unit
 
 lint: deps
 	$(TIMED) lint ansible-lint --offline
