@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: sparkops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Run every Molecule scenario in lanes: the scenarios of a lane one after the other, the lanes side by
@@ -13,8 +12,8 @@ time; every scenario under molecule/ must be named in exactly one lane (a new sc
 out silently). A failed scenario does not stop its lane: every failure is reported at the end, and
 the exit status is 1 when any failed. Wall times go to TIMES (tab-separated: name, seconds, status).
 
-  tests/run_scenarios.py --lanes "rollout,serve memwatch,production" [--log-dir build/molecule]
-  tests/run_scenarios.py --report build/times.tsv     # the table of every suite's and scenario's time
+  python3 tests/run_scenarios.py --lanes "rollout,serve memwatch,production" [--log-dir build/molecule]
+  python3 tests/run_scenarios.py --report build/times.tsv     # the table of every suite's and scenario's time
 """
 import argparse
 import os
@@ -105,8 +104,8 @@ def main(argv=None):
     lanes = parse_lanes(args.lanes, scenarios_on_disk())
     os.makedirs(args.log_dir, exist_ok=True)
     results, lock = [], threading.Lock()
-    print("molecule: %d scenarios in %d lanes: %s" % (sum(len(lane) for lane in lanes), len(lanes),
-                                                       " | ".join(", ".join(lane) for lane in lanes)))
+    shown = " | ".join(", ".join(lane) for lane in lanes)
+    print("molecule: %d scenarios in %d lanes: %s" % (sum(len(lane) for lane in lanes), len(lanes), shown))
     sys.stdout.flush()
     start = time.monotonic()
     threads = [threading.Thread(target=run_lane, args=(index, lane, args.log_dir, args.times, results, lock, dict(os.environ)))

@@ -97,8 +97,8 @@ def host_failure(doc, host):
 def batch_inventory(tmp_path, hosts, group="sparks", name="batch-inventory.json", group_vars=None):
     """An inventory where every host runs on this machine with its own variables (one case each)."""
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inventory = {"all": {"children": {group: {"hosts": {h: dict(local, **(v or {})) for h, v in hosts.items()},
-                                               "vars": dict(group_vars or {})}}}}
+    members = {h: dict(local, **(v or {})) for h, v in hosts.items()}
+    inventory = {"all": {"children": {group: {"hosts": members, "vars": dict(group_vars or {})}}}}
     path = os.path.join(str(tmp_path), name)
     with open(path, "w") as handle:
         json.dump(inventory, handle)

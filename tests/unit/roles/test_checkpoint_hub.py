@@ -23,7 +23,7 @@ import threading
 import pytest
 
 from ansible_json import stdout_json
-from harness import ansible_env, batch_inventory, host_failure, host_results, run_playbook
+from harness import ansible_env, batch_inventory, host_failure, run_playbook
 from hub_standin import REPO, REVISION, Hub, make_standin_venv
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="reads every process's /proc/PID/environ and writes /run: needs root")
