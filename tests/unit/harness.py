@@ -7,6 +7,9 @@ tested (a role's tasks, a playbook, a callback).
   ansible.module_utils.testing.patch_module_args; returns its result dict (failed results too).
 - ansible_env(**extra): the environment for an ansible / ansible-playbook subprocess (the repo's
   ansible.cfg, no colour, the JSON stdout callback unless told otherwise).
+- run_adhoc(module, args, check=, diff=, path_prefix=): one call of a module through Ansible itself
+  (`ansible localhost -m ... -a JSON`, local connection, this Python, the JSON callback): the
+  localhost result, for the one test per module that checks the wiring.
 - run_playbook(playbook, inventory=..., extra_vars=..., ...): ansible-playbook in a subprocess;
   returns the CompletedProcess. play_json(...) the same, parsed from the JSON callback.
 - host_results(doc, host): every task result of one host in a JSON-callback document, in order.
@@ -56,6 +59,19 @@ def ansible_env(stdout_callback="ansible.builtin.json", **extra):
         env["ANSIBLE_LOAD_CALLBACK_PLUGINS"] = "1"
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def run_adhoc(module, args, check=False, diff=False, path_prefix=None, timeout=120):
+    """The localhost result of one ad-hoc call of sparkops.appliance.<module> (or a full name)."""
+    name = module if "." in module else "sparkops.appliance." + module
+    extra = {"PATH": str(path_prefix) + os.pathsep + os.environ["PATH"]} if path_prefix else {}
+    cmd = ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
+           "-m", name, "-a", json.dumps(args)]
+    cmd += ["--check"] if check else []
+    cmd += ["--diff"] if diff else []
+    proc = subprocess.run(cmd, env=ansible_env(**extra), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    return stdout_json(proc)["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 
 def run_playbook(playbook, inventory="localhost,", extra_vars=None, args=(), env=None, timeout=300, connection="local"):

@@ -8,7 +8,7 @@ import pytest
 from ansible_collections.sparkops.appliance.plugins.modules import docker_daemon_json
 
 from harness import run_module as run_in_process
-from modules_adhoc import adhoc
+from harness import run_adhoc as adhoc
 
 NVIDIA = {"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}
 

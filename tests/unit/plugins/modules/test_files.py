@@ -6,7 +6,7 @@ import os
 from ansible_collections.sparkops.appliance.plugins.modules import files as files_module
 
 from harness import run_module as run_in_process
-from modules_adhoc import adhoc
+from harness import run_adhoc as adhoc
 
 
 def module_args(entries, units=None, read=None):

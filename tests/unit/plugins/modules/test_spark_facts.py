@@ -12,7 +12,7 @@ from ansible_collections.sparkops.appliance.plugins.modules import spark_facts
 
 from harness import ROOT
 from harness import run_module as run_in_process
-from modules_adhoc import adhoc
+from harness import run_adhoc as adhoc
 
 MEMINFO = """MemTotal:       127601232 kB
 MemFree:         3012404 kB

@@ -15,7 +15,7 @@ import pytest
 from ansible_collections.sparkops.appliance.plugins.modules import vllm_status as vs
 
 from harness import run_module as run_in_process
-from modules_adhoc import adhoc
+from harness import run_adhoc as adhoc
 
 METRICS = """\
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
