@@ -60,8 +60,20 @@ class ProcSampler(threading.Thread):
             self.samples += 1
 
 
-def token_files():
-    return set(glob.glob("/run/sparkops-hf-token.*"))
+def token_files(tokens):
+    """The /run/sparkops-hf-token.* files, less those that hold a token other than these: another run
+    of the role on this machine (a second test suite beside this one) has files of its own there."""
+    found = set()
+    for path in glob.glob("/run/sparkops-hf-token.*"):
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError:
+            continue
+        if data and not any(token.encode() in data for token in tokens):
+            continue
+        found.add(path)
+    return found
 
 
 def ansible_files_holding(token):
@@ -131,7 +143,8 @@ def converged(tmp_path_factory, venv):
         (tmp / "pb.yml").write_text(json.dumps([{"hosts": "sparks", "gather_facts": False, "roles": ["sparkops.appliance.checkpoint"]}]))
         env = ansible_env()
         env.pop("HF_TOKEN", None)
-        before = token_files()
+        tokens = [c.token for c in cases.values()]
+        before = token_files(tokens)
         sampler = ProcSampler([c.token for c in cases.values()], [c.hub.url for c in cases.values()])
         sampler.start()
         try:
@@ -140,7 +153,7 @@ def converged(tmp_path_factory, venv):
             sampler.stop.set()
             sampler.join(30)
     doc = stdout_json(proc)
-    left = token_files() - before
+    left = token_files(tokens) - before
     for host, case in cases.items():
         case.proc, case.doc, case.sampler, case.left = proc, doc, sampler, left
         case.stats = doc["stats"][host]
