@@ -14,7 +14,9 @@ import sys
 import pytest
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness
+
+ROOT = harness.ROOT
 LAB_FILE = os.path.join(ROOT, "inventories", "lab", "group_vars", "sparks", "lab_overrides.yml")
 LINK = os.path.join("group_vars", "all", "lab_overrides.yml")
 SCENARIOS = sorted(d for d in os.listdir(os.path.join(ROOT, "molecule"))

@@ -7,7 +7,9 @@ import re
 
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness
+
+ROOT = harness.ROOT
 SPARKS_VARS = os.path.join(ROOT, "inventories", "lab", "group_vars", "sparks")
 OVERRIDES = os.path.join(SPARKS_VARS, "lab_overrides.yml")
 

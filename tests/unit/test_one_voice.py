@@ -16,7 +16,9 @@ import subprocess
 import pytest
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness
+
+ROOT = harness.ROOT
 LICENSE = "GPL-3.0-or-later"
 AUTHOR = "sparkops contributors (@sparkops)"
 HEADER = ["# Copyright: sparkops contributors",

@@ -13,7 +13,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import harness
+
+ROOT = harness.ROOT
 PROGRAM = os.path.join(ROOT, "roles", "memwatch", "files", "memwatch")
 GIB = 1024 * 1024  # kB per GiB
 

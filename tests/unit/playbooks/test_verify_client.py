@@ -7,7 +7,9 @@ import zlib
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import harness
+
+ROOT = harness.ROOT
 
 
 def load(name):

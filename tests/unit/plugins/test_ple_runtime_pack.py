@@ -14,8 +14,9 @@ import pytest
 
 from ansible_collections.sparkops.appliance.plugins.modules import ple_pack
 from ple_checkpoints import PLE, PLE_AUDIO, build_checkpoint
+import harness
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = harness.ROOT
 sys.path.insert(0, os.path.join(ROOT, "roles", "runtime_image", "files", "sparkops_vllm_ple"))
 from sparkops_vllm_ple import pack  # noqa: E402  pylint: disable=wrong-import-position
 
