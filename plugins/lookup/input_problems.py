@@ -22,6 +22,9 @@ description:
     string; C(list) a list; C(dict) a mapping; C(path) an absolute, normalised path without
     whitespace; C(choices); and no control character (newline, tab, ...) in any string of any
     option, keys included."
+  - Then, for a value of the right type, the checks beyond type in C(roles/*/meta/checks.yml)
+    (ranges, named patterns, relations between options, refused flags and keys; the format is in
+    the docstring of C(plugins/plugin_utils/_role_inputs.py)), one message per failing check.
   - A value that cannot be templated yet (it refers to a fact set later) is left to the role.
 options:
   _terms:
@@ -59,4 +62,5 @@ class LookupModule(RoleInputsLookup):
 
     def run(self, terms, variables=None, **kwargs):
         options = self.role_options(terms, variables, **kwargs)
-        return input_problems(self.defined_values(options, variables), options)
+        values = self.defined_values(options, variables)
+        return input_problems(values, options, self.role_checks(terms), self.resolver(values, options, variables))

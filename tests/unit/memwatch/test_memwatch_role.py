@@ -18,7 +18,7 @@ from mwhelpers import PROGRAM
 
 BAD = [
     ({"memwatch_oom_score_adjust": -1000}, ["memwatch_oom_score_adjust", "-1000 is refused"]),
-    ({"memwatch_consecutive_samples": 0}, ["memwatch_consecutive_samples", ">= 1"]),
+    ({"memwatch_consecutive_samples": 0}, ["memwatch_consecutive_samples", "at least 1"]),
     ({"memwatch_kernel_log_source": "file"}, ["memwatch_kernel_log_path"]),
     ({"memwatch_kernel_log_source": "dmesg"}, ["memwatch_kernel_log_source", "journal, kmsg, file, none"]),
     ({"memwatch_available_lt_gib": "six"}, ["memwatch_available_lt_gib"]),
