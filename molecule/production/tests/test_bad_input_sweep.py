@@ -148,6 +148,12 @@ CASES = [
     ("plan-max_model_len-too-long", {"memory_plan_max_model_len": 100000000}, "memory_plan_max_model_len"),
     ("plan-host-reserve-too-big", {"memory_plan_host_reserve_gib": 100000}, "memory_plan_host_reserve_gib"),
     ("plan-kv-dtype", {"memory_plan_kv_cache_dtype": "int8"}, "memory_plan_kv_cache_dtype"),
+    # checks as data (refused flags, env keys, bounds)
+    ("extra-args-max-model-len", {"serve_extra_args": ["--enforce-eager", "--max-model-len", "2048"]}, "serve_extra_args"),
+    ("extra-args-gmu", {"serve_extra_args": ["--gpu-memory-utilization=0.9"]}, "serve_extra_args"),
+    ("serve-env-api-key", {"serve_env": {"VLLM_API_KEY": "k"}}, "serve_env"),
+    ("extra-args-swap-space", {"serve_extra_args": ["--swap-space", "16"]}, "serve_extra_args"),
+    ("memwatch-interval-too-rare", {"memwatch_interval_s": 60}, "memwatch_interval_s"),
 ]
 
 if ONLY:
