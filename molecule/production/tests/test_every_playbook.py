@@ -1,0 +1,96 @@
+"""Every playbook of the collection on the example inventory's values (plus the one lab override
+file), against the converged Spark: plan.yml, cluster.yml, rollout.yml and verify.yml. A playbook
+that reads a variable only the lab sets (e.g. a shared name without roles/common loaded) fails
+here, where the example inventory is the product. None of them may restart the server when there
+is nothing to roll.
+
+Runs in the production scenario's verify, after site.yml's converge and idempotence; by hand against
+the lab:
+
+  SPARKOPS_LAB_RUNTIME_IMAGE=$(lab/runtime/tag.sh) MOLECULE_INVENTORY_FILE=inventories/lab \\
+    python3 -m pytest -q -s molecule/production/tests/test_every_playbook.py --hosts=docker://sparkops-spark-lab-1
+"""
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+import testinfra.utils.ansible_runner
+
+INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
+PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY") or os.path.abspath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+if not os.path.isabs(INVENTORY):
+    INVENTORY = os.path.join(PROJECT, INVENTORY)
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("sparks")[:1]
+NAME = testinfra_hosts[0] if testinfra_hosts else ""
+UNIT = "sparkops-serve.service"   # spark_serve_unit_name's default (roles/common)
+# verify.yml at the tiny model's shape, one short round (the rollout scenario checks its figures).
+VERIFY_SMALL = {"verify_prompt_tokens": 32, "verify_max_tokens": 8, "verify_requests": 2, "verify_concurrency": 1,
+                "verify_rounds": 1, "verify_round_requests": 2, "verify_settle_s": 1, "verify_band_gib": 4}
+
+
+def playbook(name, *extra):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_DIFF_ALWAYS="0")
+    cmd = ["ansible-playbook", "-i", INVENTORY, os.path.join(PROJECT, "playbooks", name), "--limit", NAME] + list(extra)
+    proc = subprocess.run(cmd, env=env, cwd=PROJECT, capture_output=True, text=True, timeout=1200, check=False)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def recap(out):
+    """{host: {ok, changed, failed, ...}} from the PLAY RECAP lines."""
+    hosts = {}
+    for host, counts in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", out, re.M):
+        hosts[host] = dict((key, int(value)) for key, value in re.findall(r"(\w+)=(\d+)", counts))
+    return hosts
+
+
+def changed_on_the_spark(out):
+    """Tasks that reported a change on the Spark itself (a report written on the controller,
+    `changed: [host -> localhost]`, is not one)."""
+    return re.findall(r"^changed: \[%s\]" % re.escape(NAME), out, re.M)
+
+
+@pytest.fixture(scope="module")
+def invocation(host):
+    """The serve unit's InvocationID before these playbooks: a restart changes it."""
+    return host.check_output("systemctl show -p InvocationID --value %s" % UNIT)
+
+
+def test_plan_yml(host):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "plan.json")
+        rc, out = playbook("plan.yml", "-e", json.dumps({"plan_json_path": path}))
+        assert rc == 0, out[-4000:]
+        with open(path) as handle:
+            plans = json.load(handle)
+    assert NAME in json.dumps(plans) and "gmu" in json.dumps(plans)
+    assert recap(out)[NAME]["failed"] == 0 and not changed_on_the_spark(out), out[-3000:]
+
+
+def test_cluster_yml_leaves_a_single_spark_alone(host, invocation):
+    rc, out = playbook("cluster.yml")
+    assert rc == 0, out[-4000:]
+    assert recap(out)[NAME]["failed"] == 0 and not changed_on_the_spark(out), out[-3000:]
+    assert host.check_output("systemctl show -p InvocationID --value %s" % UNIT) == invocation
+
+
+def test_rollout_yml_with_nothing_to_roll_keeps_the_server(host, invocation):
+    rc, out = playbook("rollout.yml")
+    assert rc == 0, out[-6000:]
+    assert recap(out)[NAME]["failed"] == 0 and not changed_on_the_spark(out), out[-3000:]
+    assert host.check_output("systemctl show -p InvocationID --value %s" % UNIT) == invocation
+
+
+def test_verify_yml_reports(host, invocation):
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, out = playbook("verify.yml", "-e", json.dumps(dict(VERIFY_SMALL, verify_report_dir=tmp)))
+        assert rc == 0, out[-6000:]
+        with open(os.path.join(tmp, NAME + ".json")) as handle:
+            report = json.load(handle)
+    assert report["load"]["failed_requests"] == 0 and report["load"]["concurrency"]["requests"] > 0
+    assert report["startup"]["now"]["kv_cache_gib"] > 0
+    assert host.check_output("systemctl show -p InvocationID --value %s" % UNIT) == invocation
