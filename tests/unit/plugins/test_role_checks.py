@@ -207,8 +207,8 @@ def test_the_literal_defaults_the_example_and_the_lab_pass_their_checks():
     with open(os.path.join(COLLECTION_ROOT, 'molecule', 'serve', 'molecule.yml')) as handle:
         scenario = yaml.safe_load(handle)
     for group in scenario['provisioner']['inventory'].get('group_vars', {}).values():
-        values = dict(lab, **{k: v for k, v in group.items() if k in OPTIONS and '{{' not in str(v)})
+        values = dict(lab, **{k: v for k, v in group.items() if k in OPTIONS and '{{' not in str(v) and '${' not in str(v)})
         assert input_problems(values, OPTIONS, CHECKS) == []
     for group in scenario['provisioner']['inventory'].get('host_vars', {}).values():
-        values = dict(lab, **{k: v for k, v in group.items() if k in OPTIONS and '{{' not in str(v)})
+        values = dict(lab, **{k: v for k, v in group.items() if k in OPTIONS and '{{' not in str(v) and '${' not in str(v)})
         assert input_problems(values, OPTIONS, CHECKS) == []
