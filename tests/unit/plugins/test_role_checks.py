@@ -144,6 +144,9 @@ def test_checks_run_only_on_a_value_of_the_right_type_and_each_bad_value_has_its
     found = input_problems({'serve_port': 'http', 'serve_max_num_seqs': 0, 'serve_health_delay_s': 0}, OPTIONS, CHECKS)
     assert [p.split(' ')[0] for p in found] == ['serve_health_delay_s', 'serve_max_num_seqs', 'serve_port']
     assert 'not a number' in found[2] or 'not a whole number' in found[2]
+    # a string where a list of patterns belongs: the type message alone, not the pattern's as well
+    found = input_problems({'serve_shm_patterns': 'a/b'}, OPTIONS, CHECKS)
+    assert len(found) == 1 and 'not a list' in found[0], found
 
 
 def test_relations_read_the_other_option_from_the_values_or_its_literal_default():
