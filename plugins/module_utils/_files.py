@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: sparkops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Write a small file whole through a temp file beside it and module.atomic_move. Private helper."""
+"""Write a small file whole through a temp file beside it and module.atomic_move; keep the record of
+the paths the collection wrote. Private helper."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -9,6 +10,8 @@ __metaclass__ = type
 
 import os
 import tempfile
+
+from ansible_collections.sparkops.appliance.plugins.module_utils._owned import read_record, record_text
 
 
 def write_bytes(module, path, data, mode=0o644, before_move=None, keep_dest_attrs=True):
@@ -40,3 +43,17 @@ def write_bytes(module, path, data, mode=0o644, before_move=None, keep_dest_attr
 def write_text(module, path, text, mode=0o644):
     """write_bytes of text, UTF-8."""
     write_bytes(module, path, text.encode("utf-8"), mode)
+
+
+def add_to_record(module, record, paths):
+    """Add paths to the ownership record at `record` (docs/runtime.md, "What the collection owns on
+    a host"), written whole through write_bytes; its folder is made (0755) when missing. Nothing is
+    written when the record lists every path already. Returns whether it was written."""
+    known = read_record(record)
+    if set(paths) <= known:
+        return False
+    directory = os.path.dirname(record)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, 0o755)
+    write_text(module, record, record_text(known | set(paths)))
+    return True

@@ -24,6 +24,10 @@ description:
     (C(module.atomic_move)). A reader sees the old or the new file, never half of one; a file
     that fails validation leaves the old one in place and fails the task naming the file.
   - Nothing is written in check mode; the result tells what would change.
+  - Outside check mode, every file and folder of O(files) (but a folder whose owner or group is left
+    as it is, which is shared) is added to the ownership record O(record), so that preflight
+    knows them as the collection's on the next run (C(docs/runtime.md), "What the collection owns
+    on a host"). The record is bookkeeping, not a change; writing it does not make the task changed.
 version_added: 0.1.0
 author:
   - sparkops contributors (@sparkops)
@@ -94,6 +98,12 @@ options:
     type: list
     elements: str
     default: []
+  record:
+    description:
+      - The ownership record (JSON, the paths the collection wrote), written whole through a
+        temporary file and a rename, only when it lacks one of this call's paths. C("") keeps no record.
+    type: path
+    default: /var/lib/sparkops/owned.json
 """
 
 EXAMPLES = r"""
@@ -142,7 +152,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_bytes, to_native
 
-from ansible_collections.sparkops.appliance.plugins.module_utils._files import write_bytes
+from ansible_collections.sparkops.appliance.plugins.module_utils._files import add_to_record, write_bytes
 
 
 def _read(path, missing_only=False):
@@ -250,6 +260,7 @@ def main():
             )),
             read=dict(type="list", elements="path", default=[]),
             units=dict(type="list", elements="str", default=[]),
+            record=dict(type="path", default="/var/lib/sparkops/owned.json"),
         ),
         supports_check_mode=True,
     )
@@ -274,6 +285,13 @@ def main():
         handler = _directory if entry["state"] == "directory" else _file
         if handler(module, entry, diffs):
             changed_paths.append(entry["path"])
+    if module.params["record"] and not module.check_mode:
+        owned = [entry["path"] for entry in module.params["files"]
+                 if entry["state"] == "file" or (entry["owner"] and entry["group"])]
+        try:
+            add_to_record(module, module.params["record"], owned)
+        except (IOError, OSError) as exc:
+            module.warn("cannot write the ownership record %s: %s" % (module.params["record"], to_native(exc)))
     module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths, diff=diffs, contents=contents,
                      units=unit_states(module, module.params["units"]))
 

@@ -18,6 +18,10 @@ description:
   - Also reads what C(sparkops.appliance.host_tuning) would otherwise ask for in three calls of
     its own (the active swap lines of C(/etc/fstab), the C(sysctl.d) files that carry its marker,
     the files of the jemalloc package), so that a re-converge pays one connection for all of it.
+  - With O(claims), tells for each unit, container, file and folder the collection would write or
+    run on this host whether something that is not the collection's already has that name
+    (C(spark_foreign) in RV(ansible_facts)), so that preflight refuses it before anything changes. See
+    C(docs/runtime.md), "What the collection owns on a host".
   - Changes nothing on the host.
 extends_documentation_fragment:
   - sparkops.appliance.read_only
@@ -80,6 +84,50 @@ options:
         line). A file counts when one of its lines starts with this text.
     type: str
     default: "# Unified-memory serving host (sparkops.appliance host_tuning)"
+  claims:
+    description:
+      - The names the collection would take on this host, each with the variable it comes from
+        (the preflight role builds them). Each is checked against what the host has; none is
+        checked when the list is empty.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      var:
+        description: The variable the name comes from (named in the refusal).
+        type: str
+        required: true
+      value:
+        description: Its value, as the refusal shows it.
+        type: str
+        required: true
+      kind:
+        description: What the name is.
+        type: str
+        required: true
+        choices: [unit, container, file, directory]
+      name:
+        description: The unit's full name (C(memwatch.service)), the container's name, or the absolute path.
+        type: str
+        required: true
+      label:
+        description: For a container, the value of its C(io.sparkops.unit) label when the collection started it.
+        type: str
+        default: ""
+      unit_file:
+        description: For a container, the unit file that runs it (C(docker run --name NAME)) when the collection started it.
+        type: str
+        default: ""
+      mode:
+        description: For a folder, the mode the collection gives it (compared controller-side only).
+        type: str
+        default: ""
+  owned_record:
+    description:
+      - The record of the paths the collection wrote (M(sparkops.appliance.files) keeps it). A path
+        listed there is the collection's.
+    type: path
+    default: /var/lib/sparkops/owned.json
 attributes:
   facts:
     description: Sets the C(spark_*) facts.
@@ -154,6 +202,17 @@ ansible_facts:
       type: list
       elements: str
       sample: [/etc/sysctl.d/90-sparkops.conf]
+    spark_foreign:
+      description:
+        - One refusal per claim of O(claims) whose name something else already has on this host,
+          naming the variable, the value, what has the name and the fix. Empty when all are free
+          or the collection's.
+        - Units are asked of systemd (C(systemctl show); where systemd does not answer, the file in
+          C(/etc/systemd/system) is still checked), containers of the Docker engine (C(docker ps -a);
+          skipped where no engine answers, as a host without Docker has no container to collide with).
+      type: list
+      elements: str
+      sample: ["memwatch_unit_name = fstrim.service: the unit fstrim.service is someone else's: ..."]
 """
 
 import glob
@@ -169,6 +228,14 @@ from ansible_collections.sparkops.appliance.plugins.module_utils._meminfo import
     GIB,
     meminfo_gib,
     parse_meminfo,
+)
+from ansible_collections.sparkops.appliance.plugins.module_utils._owned import (
+    LABEL,
+    container_owner,
+    foreign_message,
+    path_owner,
+    read_record,
+    unit_owner,
 )
 
 
@@ -274,6 +341,73 @@ def _sysctl_marked(directory, marker):
     return marked
 
 
+_UNIT_PROPERTIES = ("Id", "LoadState", "FragmentPath")
+
+
+def _unit_props(module, names):
+    """{unit: {property: value}} from one `systemctl show`; {} when systemd cannot be asked."""
+    systemctl = module.get_bin_path("systemctl")
+    if not names or systemctl is None:
+        return {}
+    rc, out, _err = module.run_command([systemctl, "show", "--property=" + ",".join(_UNIT_PROPERTIES), "--"] + names)
+    if rc != 0:
+        return {}
+    blocks = [dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+              for block in out.strip().split("\n\n")]
+    return dict(zip(names, blocks)) if len(blocks) == len(names) else {}
+
+
+def _containers(module, program):
+    """{name: {image, state, label}} of every container on the engine; None when no engine answers."""
+    out, _error = _run_tool(module, program, ["ps", "--all", "--no-trunc", "--format",
+                                              '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "%s"}}' % LABEL])
+    if out is None:
+        return None
+    listing = {}
+    for line in out.splitlines():
+        fields = line.split("\t")
+        if len(fields) != 4:
+            continue
+        for name in fields[0].split(","):
+            listing[name.strip().lstrip("/")] = {"image": fields[1], "state": fields[2], "label": fields[3]}
+    return listing
+
+
+def _read_text(path):
+    try:
+        with open(path, errors="replace") as handle:
+            return handle.read()
+    except (IOError, OSError):
+        return None
+
+
+def _foreign(module, claims, record_path, docker_bin):
+    """The refusals for the claims whose names are someone else's on this host."""
+    if not claims:
+        return []
+    record = read_record(record_path)
+    units = [c["name"] for c in claims if c["kind"] == "unit"]
+    props = _unit_props(module, units)
+    listing = None
+    if any(c["kind"] == "container" for c in claims):
+        listing = _containers(module, docker_bin)
+    problems = []
+    for claim in claims:
+        if claim["kind"] == "unit":
+            owner = unit_owner(claim, props.get(claim["name"], {}), record)
+        elif claim["kind"] == "container":
+            if listing is None:
+                continue
+            container = listing.get(claim["name"])
+            unit_text = _read_text(claim["unit_file"]) if container is not None and claim["unit_file"] else None
+            owner = container_owner(claim, container, unit_text)
+        else:
+            owner = path_owner(claim["name"], claim["kind"], record)
+        if owner:
+            problems.append(foreign_message(claim, owner))
+    return problems
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -288,6 +422,16 @@ def main():
             fstab_path=dict(type="path", default="/etc/fstab"),
             sysctl_dir=dict(type="path", default="/etc/sysctl.d"),
             sysctl_marker=dict(type="str", default="# Unified-memory serving host (sparkops.appliance host_tuning)"),
+            claims=dict(type="list", elements="dict", default=[], options=dict(
+                var=dict(type="str", required=True),
+                value=dict(type="str", required=True),
+                kind=dict(type="str", required=True, choices=["unit", "container", "file", "directory"]),
+                name=dict(type="str", required=True),
+                label=dict(type="str", default=""),
+                unit_file=dict(type="str", default=""),
+                mode=dict(type="str", default=""),
+            )),
+            owned_record=dict(type="path", default="/var/lib/sparkops/owned.json"),
         ),
         supports_check_mode=True,
     )
@@ -313,6 +457,7 @@ def main():
         "spark_package_files": _package_files(module, p["packages"]),
         "spark_fstab_swap": _fstab_swap(p["fstab_path"]),
         "spark_sysctl_marked": _sysctl_marked(p["sysctl_dir"], p["sysctl_marker"]),
+        "spark_foreign": _foreign(module, p["claims"], p["owned_record"], p["docker_bin"]),
     }
     module.exit_json(changed=False, ansible_facts=facts)
 
