@@ -148,6 +148,23 @@ CASES = [
     ("plan-max_model_len-too-long", {"memory_plan_max_model_len": 100000000}, "memory_plan_max_model_len"),
     ("plan-host-reserve-too-big", {"memory_plan_host_reserve_gib": 100000}, "memory_plan_host_reserve_gib"),
     ("plan-kv-dtype", {"memory_plan_kv_cache_dtype": "int8"}, "memory_plan_kv_cache_dtype"),
+    # collision guards (names and files that are someone else's)
+    # two of ours with one name, or a unit name the system uses: refused controller-side
+    ("unit-serve-is-memwatch", {"spark_serve_unit_name": "memwatch"}, "spark_serve_unit_name"),
+    ("unit-memwatch-is-serve", {"memwatch_unit_name": "sparkops-serve.service"}, "memwatch_unit_name"),
+    ("unit-memwatch-is-recycle", {"memwatch_unit_name": "sparkops-serve-recycle.service"}, "memwatch_unit_name"),
+    ("unit-memwatch-is-journald", {"memwatch_unit_name": "systemd-journald.service"}, "memwatch_unit_name"),
+    ("unit-serve-is-docker", {"spark_serve_unit_name": "docker"}, "spark_serve_unit_name"),
+    ("path-report-is-memwatch-config", {"serve_report_path": "/etc/sparkops/memwatch.json"}, "serve_report_path"),
+    # on the host, not the collection's (FOREIGN below makes the unit file, sysctl.d file and containers)
+    ("unit-memwatch-from-lib", {"memwatch_unit_name": "debug-shell.service"}, "memwatch_unit_name"),
+    ("unit-memwatch-foreign-file", {"memwatch_unit_name": "sweep-foreign.service"}, "memwatch_unit_name"),
+    ("container-foreign", {"spark_serve_container_name": "sweep-foreign-{host}"}, "spark_serve_container_name"),
+    ("container-labelled-not-this-hosts", {"spark_serve_container_name": "sweep-labelled-{host}"}, "spark_serve_container_name"),
+    ("file-sysctl-distribution-link", {"host_tuning_sysctl_file": "/etc/sysctl.d/99-sysctl.conf"}, "host_tuning_sysctl_file"),
+    ("file-sysctl-foreign", {"host_tuning_sysctl_file": "/etc/sysctl.d/50-sweep-foreign.conf"}, "host_tuning_sysctl_file"),
+    ("file-memwatch-bin-is-docker", {"memwatch_bin_path": "/usr/bin/docker"}, "memwatch_bin_path"),
+    ("dir-memwatch-log-is-var-log", {"memwatch_log_dir": "/var/log"}, "memwatch_log_dir"),
     # checks as data (refused flags, env keys, bounds)
     ("extra-args-max-model-len", {"serve_extra_args": ["--enforce-eager", "--max-model-len", "2048"]}, "serve_extra_args"),
     ("extra-args-gmu", {"serve_extra_args": ["--gpu-memory-utilization=0.9"]}, "serve_extra_args"),
@@ -161,6 +178,15 @@ if ONLY:
 
 # site.yml checks these roles' values before it connects to a host (their checks read no fact).
 BY_VALUES = ("host_tuning_", "drivers_", "checkpoint_", "ple_")
+# ... except where the check is whether the host already has the name (preflight reads it).
+READS_THE_HOST = ("file-sysctl-distribution-link", "file-sysctl-foreign")
+
+# What the collision cases find on the Spark, made before the first snapshot and removed after the
+# last: a unit file and a sysctl.d file the collection did not write, a container without the
+# collection's label, and one with it that this Spark's unit does not run. ({host}: the Spark's name.)
+FOREIGN_UNIT = "/etc/systemd/system/sweep-foreign.service"
+FOREIGN_SYSCTL = "/etc/sysctl.d/50-sweep-foreign.conf"
+FOREIGN_CONTAINERS = ("sweep-foreign-{host}", "sweep-labelled-{host}")
 
 _RESULTS = {}
 _TIMES = {}
@@ -168,6 +194,7 @@ _TIMES = {}
 
 def _run_case(host_name, case):
     case_id, extra, _name = case
+    extra = dict((k, v.replace("{host}", host_name) if isinstance(v, str) else v) for k, v in extra.items())
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="sweep-", delete=False) as handle:
         json.dump(extra, handle)
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
@@ -186,7 +213,34 @@ def _run_case(host_name, case):
 
 
 @pytest.fixture(scope="module")
-def sweep(host):
+def foreign(host):
+    """The foreign unit file, sysctl.d file and containers (the engine's, through the Spark's docker
+    CLI; the image is the one this Spark serves), removed afterwards."""
+    host_name = os.environ.get("SWEEP_HOST") or host.backend.host
+    names = [name.replace("{host}", host_name) for name in FOREIGN_CONTAINERS]
+    image = host.check_output("docker ps --filter label=io.sparkops.unit --format '{{.Image}}' | head -n 1")
+    assert image, "no container of the collection's on the Spark: is it converged?"
+    made = []
+    try:
+        host.run_expect([0], "test ! -e %s && printf '[Unit]\\nDescription=not made by the collection\\n[Service]\\nExecStart=/bin/true\\n' > %s"
+                        % (FOREIGN_UNIT, FOREIGN_UNIT))
+        made.append(FOREIGN_UNIT)
+        host.run_expect([0], "test ! -e %s && echo 'vm.swappiness = 60' > %s" % (FOREIGN_SYSCTL, FOREIGN_SYSCTL))
+        made.append(FOREIGN_SYSCTL)
+        for name, label in zip(names, ("", "--label io.sparkops.unit=sparkops-serve")):
+            host.run_expect([0], "docker run -d --name %s %s --network none --entrypoint sleep %s 3600" % (name, label, image))
+            made.append(name)
+        yield names
+    finally:
+        for thing in made:
+            if thing.startswith("/"):
+                host.run("rm -f %s" % thing)
+            else:
+                host.run("docker rm -f %s" % thing)
+
+
+@pytest.fixture(scope="module")
+def sweep(host, foreign):
     """Snapshot, every case PARALLEL at a time, snapshot again: ({id: (rc, output)}, before, after, wall s)."""
     if LOG_DIR:
         os.makedirs(LOG_DIR, exist_ok=True)
@@ -224,7 +278,7 @@ def test_refused_in_the_first_play_naming_the_variable(sweep, case):
     assert not re.search(r"^changed: \[", out, re.M) and re.search(r"\bchanged=0\b", out), tail
     failed = out[out.index("fatal:"):] if "fatal:" in out else out
     assert name in failed, "the message does not name %s:\n%s" % (name, tail)
-    if name.startswith(BY_VALUES):
+    if name.startswith(BY_VALUES) and case_id not in READS_THE_HOST:
         first_failure = re.search(r"^(fatal|failed): \[", out, re.M)
         assert first_failure and "TASK [Gather facts]" not in out[:first_failure.start()], \
             "refused only after a connection: %s\n%s" % (name, tail)
