@@ -132,6 +132,11 @@ def render_plays(out_dir):
                   "when": "inventory_hostname == %s" % json.dumps(host),
                   "vars": dict(RENDER_VARS, **extra)}
                  for name, (_role, template, host, extra) in variants.items()]
+        if role == "serve":
+            # what the cluster role exports for a pair's head ({} on a single Spark): serve reads only that
+            tasks.insert(0, {"name": "The cluster role's additions to the head's server",
+                             "ansible.builtin.include_role": {"name": "sparkops.appliance.cluster",
+                                                              "tasks_from": "serve_facts"}})
         plays.append({"name": "Render " + role,
                       "hosts": ":".join(sorted({v[2] for v in variants.values()})),
                       "gather_facts": False,
