@@ -48,6 +48,8 @@ One check may hold several of these keys; each failing key gives its own message
   and with only_fields: true no other key;
 - greater_than, at_least, less_than, at_most (numbers), equal_to, differs_from (paths compared
   without a trailing /): another option, by name;
+- not_directly_in: another option, a directory: the value (a path) is not a file directly in it;
+  with file_pattern: NAME only a file whose name matches PATTERNS[NAME] is refused there;
 - refuse_flags (a list of command-line arguments): entries {flag: one or a list, owner, reason,
   when}; "--flag", "--flag=value" and vLLM's "--flag_name" spelling match;
 - refuse_keys (a mapping): entries {key: one or a list, owner, reason, when};
@@ -322,6 +324,7 @@ UNIT_NAME = r'[a-zA-Z0-9][a-zA-Z0-9_.@-]*'
 PATTERNS = {
     'unit_name': (UNIT_NAME, 'a systemd unit name without .service (letters, digits, _ . @ -)'),
     'unit_file_name': (UNIT_NAME + r'\.service', 'a systemd unit name ending in .service'),
+    'systemd_unit': (UNIT_NAME, 'a systemd unit name such as docker.service'),
     'container_name': (r'[a-zA-Z0-9][a-zA-Z0-9_.-]*', 'a Docker container name (letters, digits, _ . -)'),
     'image_ref': (r'[A-Za-z0-9][A-Za-z0-9._/:@-]*', 'an image reference such as nvcr.io/nvidia/vllm:25.09-py3'),
     'address': (r'[A-Za-z0-9_.:\[\]-]+', 'a host name or an IP address'),
@@ -354,6 +357,8 @@ PATTERNS = {
     'json_file': (r'/[^\n]*\.json', 'an absolute path to a .json file'),
     'prom_file': (r'/.*\.prom', 'an absolute path to a *.prom file'),
     'no_space': (r'\S+', 'one word without whitespace'),
+    'not_empty': (r'.+', 'a non-empty string'),
+    'safetensors_file': (r'.*\.safetensors', 'a *.safetensors file (read as a checkpoint shard)'),
     'interface': (r'[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}', 'a network interface name'),
     'ipv4': (r'((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])', 'an IPv4 address'),
     'ib_hca': (r'[A-Za-z0-9_:,^=-]+', 'an NCCL_IB_HCA value such as mlx5_0,mlx5_1'),
@@ -371,8 +376,8 @@ _RELATIONS = {
 }
 CHECK_KEYS = frozenset(('min', 'max', 'above', 'below', 'power_of_two', 'one_of', 'min_length', 'pattern', 'empty_ok',
                         'key_pattern', 'value_pattern', 'values', 'regex', 'fields', 'only_fields', 'greater_than',
-                        'at_least', 'less_than', 'at_most', 'equal_to', 'differs_from', 'refuse_flags', 'refuse_keys',
-                        'when', 'unless', 'reason', 'fix'))
+                        'at_least', 'less_than', 'at_most', 'equal_to', 'differs_from', 'not_directly_in', 'file_pattern',
+                        'refuse_flags', 'refuse_keys', 'when', 'unless', 'reason', 'fix'))
 
 
 def load_role_checks(roles_dir=None, roles=None):
@@ -391,7 +396,7 @@ def load_role_checks(roles_dir=None, roles=None):
         for name, entries in (data.get('checks') or {}).items():
             for entry in entries or []:
                 bad = sorted(set(entry) - CHECK_KEYS)
-                names = [entry.get(key) for key in ('pattern', 'key_pattern', 'value_pattern') if entry.get(key)]
+                names = [entry.get(key) for key in ('pattern', 'key_pattern', 'value_pattern', 'file_pattern') if entry.get(key)]
                 names += [field.get('pattern') for field in (entry.get('fields') or {}).values() if field.get('pattern')]
                 bad += ['pattern ' + pattern for pattern in names if pattern not in PATTERNS]
                 if bad:
@@ -631,6 +636,14 @@ def _relation_checks(check, name, value, resolve):
         there = resolve(check['differs_from'])
         if isinstance(there, str) and isinstance(value, str) and (value.rstrip('/') or '/') == (there.rstrip('/') or '/'):
             out.append(('the same as %s (%s)' % (check['differs_from'], show(there)), 'give it a path of its own'))
+    if check.get('not_directly_in'):
+        there = resolve(check['not_directly_in'])
+        pattern = check.get('file_pattern')
+        mine = re.sub('/+', '/', value).rstrip('/') if isinstance(value, str) else ''
+        if (isinstance(there, str) and there and mine and posixpath.dirname(mine) == (re.sub('/+', '/', there).rstrip('/') or '/')
+                and (not pattern or _matches(pattern, posixpath.basename(mine)))):
+            out.append(('%s directly in %s (%s)' % (PATTERNS[pattern][1] if pattern else 'a file', check['not_directly_in'], show(there)),
+                        'give it a path outside %s' % check['not_directly_in']))
     return out
 
 

@@ -2,6 +2,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The checks beyond type (roles/<role>/meta/checks.yml) read by the input_problems lookup: each
 kind passes and fails, each failure is one message naming the variable, the value and the fix."""
+import json
 import os
 import re
 
@@ -47,6 +48,8 @@ def one(name, value, checks, **others):
     ([{'pattern': 'unit_name'}], ['sparkops-serve', 'a@b'], ['bad name', '-x', 'a:b', ''], ['systemd unit name']),
     ([{'pattern': 'unit_name', 'empty_ok': True}], [''], ['a b'], ['(or "" for none)']),
     ([{'pattern': 'shm_pattern'}], [['psm_*']], [['a/b'], ['ok', '']], ['element [']),
+    ([{'pattern': 'not_empty'}], [['embed'], 'x'], [['ok', ''], ''], ['not a non-empty string']),
+    ([{'pattern': 'systemd_unit'}], ['docker.service', 'sparkops-serve'], ['docker service', '-x'], ['systemd unit name such as docker.service']),
     ([{'key_pattern': 'env_name'}], [{'A_1': 'x'}], [{'1A': 'x'}], ['the key "1A"']),
     ([{'values': 'scalar'}], [{'A': 1, 'B': True}], [{'A': {'b': 1}}, {'A': [1]}], ['not one plain value']),
     ([{'values': 'string_or_number'}], [{'A': 1}], [{'A': True}], ['a string or a number']),
@@ -83,6 +86,21 @@ def test_equal_and_differ():
     assert 'not equal to b ("/x")' in one('a', '/m', [{'equal_to': 'b'}], b='/x')
     assert problems('a', '/src', [{'differs_from': 'b'}], b='/dst') == []
     assert 'the same as b' in one('a', '/dst/', [{'differs_from': 'b'}], b='/dst')
+
+
+def test_not_directly_in_another_directory():
+    shard = [{'not_directly_in': 'ckpt', 'file_pattern': 'safetensors_file'}]
+    for good in ('/m/ckpt.ple', '/m/ckpt/sub/x.safetensors', '/m/ckpt/ple.pack', '/m/ckpt.safetensors'):
+        assert problems('pack', good, shard, ckpt='/m/ckpt') == [], good
+    assert problems('pack', '/m/ckpt/x.safetensors', shard) == []            # the directory not known yet
+    for bad, ckpt in (('/m/ckpt/x.safetensors', '/m/ckpt'), ('/m/ckpt/x.safetensors', '/m/ckpt/'), ('/m//ckpt/x.safetensors', '/m/ckpt'),
+                      ('/x.safetensors', '/')):
+        message = one('pack', bad, shard, ckpt=ckpt)
+        assert 'a *.safetensors file (read as a checkpoint shard) directly in ckpt (%s)' % json.dumps(ckpt) in message, message
+        assert message.endswith('Fix: give it a path outside ckpt.')
+    # without file_pattern, any file directly in it
+    assert 'a file directly in ckpt' in one('pack', '/m/ckpt/ple.pack', [{'not_directly_in': 'ckpt'}], ckpt='/m/ckpt')
+    assert problems('pack', '/m/other/ple.pack', [{'not_directly_in': 'ckpt'}], ckpt='/m/ckpt') == []
 
 
 def test_when_and_unless():
@@ -168,7 +186,7 @@ def test_the_data_files_use_known_keys_and_patterns_and_name_declared_options():
             assert name in declared, '%s: %s is not an option of %s' % (path, name, role)
             for entry in entries:
                 assert set(entry) <= CHECK_KEYS, (path, name)
-                for key in ('greater_than', 'at_least', 'less_than', 'at_most', 'equal_to', 'differs_from'):
+                for key in ('greater_than', 'at_least', 'less_than', 'at_most', 'equal_to', 'differs_from', 'not_directly_in'):
                     if key in entry:
                         assert entry[key] in OPTIONS, (path, name, entry[key])
                 for key in ('when', 'unless'):
@@ -184,6 +202,9 @@ def test_an_unknown_key_or_pattern_in_the_data_is_an_error(tmp_path):
     with pytest.raises(AnsibleError, match='minimum'):
         load_role_checks(roles_dir=str(tmp_path))
     (tmp_path / 'r' / 'meta' / 'checks.yml').write_text('checks:\n  x:\n    - {pattern: nope}\n')
+    with pytest.raises(AnsibleError, match='pattern nope'):
+        load_role_checks(roles_dir=str(tmp_path))
+    (tmp_path / 'r' / 'meta' / 'checks.yml').write_text('checks:\n  x:\n    - {not_directly_in: y, file_pattern: nope}\n')
     with pytest.raises(AnsibleError, match='pattern nope'):
         load_role_checks(roles_dir=str(tmp_path))
 
