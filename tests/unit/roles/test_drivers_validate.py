@@ -33,25 +33,43 @@ PLAY = """
 """
 
 BAD = [
-    ({"drivers_force": "false"}, "drivers_force must be a YAML boolean"),
-    ({"drivers_manage": "yes"}, "drivers_manage must be a YAML boolean"),
-    ({"drivers_reboot_allowed": 1}, "drivers_reboot_allowed must be a YAML boolean"),
-    ({"drivers_driver_branch": 580}, "drivers_driver_branch is 580"),
-    ({"drivers_driver_branch": "58O"}, "drivers_driver_branch is \"58O\""),
-    ({"drivers_driver_package": "nvidia driver"}, "drivers_driver_package is \"nvidia driver\""),
-    ({"drivers_container_toolkit_version": "1.18.0-1\nPin: *"}, "drivers_container_toolkit_version is"),
-    ({"drivers_container_toolkit_version": "latest"}, "not a Debian package version"),
-    ({"drivers_driver_version": 580}, "drivers_driver_version is 580"),
-    ({"drivers_container_toolkit_packages": "nvidia-container-toolkit"}, "drivers_container_toolkit_packages is"),
-    ({"drivers_docker_packages": ["docker.io; rm -rf /"]}, "drivers_docker_packages is"),
-    ({"drivers_apt_sources": [{"name": "x", "line": "deb file:/x ./\ndeb http://evil ./"}]}, "drivers_apt_sources has the entry"),
-    ({"drivers_apt_sources": [{"name": "../x", "line": "deb file:/x ./"}]}, "drivers_apt_sources has the entry"),
-    ({"drivers_apt_sources": [{"name": "x", "line": "deb file:/x ./", "keyurl": "http://k"}]}, "and nothing else"),
-    ({"drivers_apt_sources": [{"name": "x", "line": "deb file:/x ./", "key_url": "ftp://k"}]}, "drivers_apt_sources has the entry"),
-    ({"drivers_docker_daemon_json": "docker/daemon.json"}, "drivers_docker_daemon_json \"docker/daemon.json\""),
-    ({"drivers_docker_runtime": {"args": []}}, "drivers_docker_runtime {\"args\": []}"),
-    ({"drivers_smoke_image": "ubuntu:24.04 --privileged"}, "drivers_smoke_image"),
-    ({"drivers_reboot_timeout_s": 0}, "drivers_reboot_timeout_s 0"),
+    ({"drivers_force": "false"}, 'drivers_force = "false": a string, not a YAML boolean'),
+    ({"drivers_manage": "yes"}, 'drivers_manage = "yes": a string, not a YAML boolean'),
+    ({"drivers_reboot_allowed": 1}, "drivers_reboot_allowed = 1: a whole number, not a YAML boolean"),
+    ({"drivers_driver_branch": 580}, "drivers_driver_branch = 580: a whole number, not a string"),
+    ({"drivers_driver_branch": "58O"}, 'drivers_driver_branch = "58O": not three digits'),
+    ({"drivers_driver_package": "nvidia driver"}, 'drivers_driver_package = "nvidia driver": not a Debian package name'),
+    ({"drivers_container_toolkit_version": "1.18.0-1\nPin: *"}, "drivers_container_toolkit_version = \"1.18.0-1\\nPin: *\": the value holds a newline"),
+    ({"drivers_container_toolkit_version": "latest"}, 'drivers_container_toolkit_version = "latest": not a Debian package version'),
+    ({"drivers_driver_version": 580}, "drivers_driver_version = 580: a whole number, not a string"),
+    ({"drivers_container_toolkit_packages": "nvidia-container-toolkit"},
+     'drivers_container_toolkit_packages = "nvidia-container-toolkit": a string, not a list'),
+    ({"drivers_docker_packages": ["docker.io; rm -rf /"]},
+     'drivers_docker_packages = ["docker.io; rm -rf /"]: element [0] ("docker.io; rm -rf /") is not a Debian package name'),
+    ({"drivers_apt_sources": [{"name": "x", "line": "deb file:/x ./\ndeb http://evil ./"}]},
+     'drivers_apt_sources = [{"line": "deb file:/x ./\\ndeb http://evil ./", "name": "x"}]: drivers_apt_sources[0]["line"] holds a newline'),
+    ({"drivers_apt_sources": [{"name": "../x", "line": "deb file:/x ./"}]},
+     'drivers_apt_sources = [{"line": "deb file:/x ./", "name": "../x"}]: the entry {"line": "deb file:/x ./", "name": "../x"} has name "../x"'),
+    ({"drivers_apt_sources": [{"name": "x", "line": "deb file:/x ./", "keyurl": "http://k"}]},
+     'drivers_apt_sources = [{"keyurl": "http://k", "line": "deb file:/x ./", "name": "x"}]: the entry {"keyurl": "http://k", '
+     '"line": "deb file:/x ./", "name": "x"} has keyurl (only name, line, key_url, and nothing else)'),
+    ({"drivers_apt_sources": [{"name": "x", "line": "deb file:/x ./", "key_url": "ftp://k"}]},
+     'drivers_apt_sources = [{"key_url": "ftp://k", "line": "deb file:/x ./", "name": "x"}]: the entry'),
+    # a key_url "" would be fetched as the URL "": an entry without a key leaves key_url out
+    ({"drivers_apt_sources": [{"name": "x", "line": "deb file:/x ./", "key_url": ""}]},
+     'drivers_apt_sources = [{"key_url": "", "line": "deb file:/x ./", "name": "x"}]: the entry'),
+    ({"drivers_apt_sources": [{"line": "deb file:/x ./"}]},
+     'drivers_apt_sources = [{"line": "deb file:/x ./"}]: the entry {"line": "deb file:/x ./"} lacks name'),
+    ({"drivers_apt_sources": [{"name": "x", "line": "rpm x"}]},
+     'drivers_apt_sources = [{"line": "rpm x", "name": "x"}]: the entry {"line": "rpm x", "name": "x"} has line "rpm x", not one apt line'),
+    ({"drivers_docker_daemon_json": "/etc/docker/daemon.yaml"},
+     'drivers_docker_daemon_json = "/etc/docker/daemon.yaml": not an absolute path to a .json file'),
+    ({"drivers_docker_service": "docker service"}, 'drivers_docker_service = "docker service": not a systemd unit name'),
+    ({"drivers_docker_runtime": {"path": ""}}, 'drivers_docker_runtime = {"path": ""}: the entry {"path": ""} has path "", not a non-empty string'),
+    ({"drivers_docker_daemon_json": "docker/daemon.json"}, 'drivers_docker_daemon_json = "docker/daemon.json": not an absolute path'),
+    ({"drivers_docker_runtime": {"args": []}}, 'drivers_docker_runtime = {"args": []}: the entry {"args": []} lacks path'),
+    ({"drivers_smoke_image": "ubuntu:24.04 --privileged"}, 'drivers_smoke_image = "ubuntu:24.04 --privileged": not one word without whitespace'),
+    ({"drivers_reboot_timeout_s": 0}, "drivers_reboot_timeout_s = 0: below 1"),
 ]
 GOOD = {"spark_expect_gpu": True, "drivers_driver_version": "580.95.05-0ubuntu1",
         "drivers_apt_sources": [{"name": "mirror", "line": "deb [trusted=yes] file:/srv/m ./",
@@ -114,7 +132,7 @@ def test_the_role_skips_its_own_checks_only_when_the_first_play_made_them(batch,
     stats = batch["stats"][host]
     if refused:
         assert stats["failures"] + stats["unreachable"] > 0
-        assert "drivers_force must be a YAML boolean" in json.dumps(results)
+        assert json.dumps('drivers_force = "false": a string, not a YAML boolean')[1:-1] in json.dumps(results)
     else:
         assert stats["failures"] + stats["unreachable"] == 0, results
         assert tasks["sparkops.appliance.drivers : Check the inputs"].get("skipped") is True
