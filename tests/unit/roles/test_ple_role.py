@@ -43,47 +43,52 @@ GOOD = {"ple_checkpoint_dir": "/srv/sparkops/models/m", "ple_pack_file": "/srv/s
 
 # (case id, variables, the variable the message must name, its value, a piece of the fix)
 BAD = [
-    ("ckpt-relative", {"ple_checkpoint_dir": "models/m"}, "ple_checkpoint_dir", "models/m", "write it from /"),
-    ("pack-relative", {"ple_pack_file": "m.ple"}, "ple_pack_file", "m.ple", "write it from /"),
+    ("ckpt-relative", {"ple_checkpoint_dir": "models/m"}, "ple_checkpoint_dir", "models/m", "starts with /"),
+    ("pack-relative", {"ple_pack_file": "m.ple"}, "ple_pack_file", "m.ple", "starts with /"),
     ("ckpt-dotdot", {"ple_checkpoint_dir": "/srv/sparkops/../etc"}, "ple_checkpoint_dir", "/srv/sparkops/../etc",
-     "without '..'"),
+     'no ".."'),
     ("pack-dotdot", {"ple_pack_file": "/srv/sparkops/models/../../etc/m.ple"}, "ple_pack_file",
-     "/srv/sparkops/models/../../etc/m.ple", "without '..'"),
-    ("pack-dotdot-end", {"ple_pack_file": "/srv/sparkops/.."}, "ple_pack_file", "/srv/sparkops/..", "without '..'"),
+     "/srv/sparkops/models/../../etc/m.ple", 'no ".."'),
+    ("pack-dotdot-end", {"ple_pack_file": "/srv/sparkops/.."}, "ple_pack_file", "/srv/sparkops/..", 'no ".."'),
     ("ckpt-newline", {"ple_checkpoint_dir": "/srv/sparkops/models/m\nx"}, "ple_checkpoint_dir",
-     "/srv/sparkops/models/m\nx", "on one line"),
+     "/srv/sparkops/models/m\nx", "holds a newline"),
     ("pack-trailing-newline", {"ple_pack_file": "/srv/sparkops/models/m.ple\n"}, "ple_pack_file",
-     "/srv/sparkops/models/m.ple\n", "on one line"),
+     "/srv/sparkops/models/m.ple\n", "holds a newline"),
     ("ckpt-tab", {"ple_checkpoint_dir": "/srv/sparkops/models/m\t"}, "ple_checkpoint_dir",
-     "/srv/sparkops/models/m\t", "on one line"),
+     "/srv/sparkops/models/m\t", "holds a tab"),
     ("ckpt-list", {"ple_checkpoint_dir": ["/srv/sparkops/models/m"]}, "ple_checkpoint_dir",
-     ["/srv/sparkops/models/m"], "must be a string"),
-    ("ckpt-number", {"ple_checkpoint_dir": 17}, "ple_checkpoint_dir", 17, "must be a string"),
+     ["/srv/sparkops/models/m"], "a list, not a path"),
+    ("ckpt-number", {"ple_checkpoint_dir": 17}, "ple_checkpoint_dir", 17, "a whole number, not a path"),
     ("pack-is-dir", {"ple_pack_file": "/srv/sparkops/models/"}, "ple_pack_file", "/srv/sparkops/models/",
-     "path of the packed file"),
+     "trailing /"),
     ("pack-is-ckpt", {"ple_pack_file": "/srv/sparkops//models/m"}, "ple_pack_file", "/srv/sparkops//models/m",
-     "Set ple_pack_file to"),
+     "not a normalised path"),
     ("pack-is-a-shard", {"ple_pack_file": "/srv/sparkops/models/m/ple.safetensors"}, "ple_pack_file",
      "/srv/sparkops/models/m/ple.safetensors", "read as a shard"),
+    # the pack in place of the checkpoint, or / itself: each refused with its own reason
+    ("pack-is-ckpt-plain", {"ple_pack_file": "/srv/sparkops/models/m"}, "ple_pack_file", "/srv/sparkops/models/m",
+     "the same as ple_checkpoint_dir"),
+    ("pack-is-root", {"ple_pack_file": "/"}, "ple_pack_file", "/", "not / itself"),
+    ("ckpt-empty", {"ple_checkpoint_dir": ""}, "ple_checkpoint_dir", "", "empty"),
     ("model-name-dotdot", {"ple_checkpoint_dir": None, "ple_pack_file": None, "spark_model_dir": "/srv/m",
-                           "spark_model_name": "../x"}, "ple_checkpoint_dir", "/srv/m/../x", "spark_model_name holds"),
+                           "spark_model_name": "../x"}, "ple_checkpoint_dir", "/srv/m/../x", "not a normalised path"),
     ("align-5000", {"ple_alignment": 5000}, "ple_alignment", 5000, "power of two"),
     ("align-2048", {"ple_alignment": 2048}, "ple_alignment", 2048, "power of two"),
     ("align-0", {"ple_alignment": 0}, "ple_alignment", 0, "power of two"),
     ("align-negative", {"ple_alignment": -4096}, "ple_alignment", -4096, "power of two"),
     ("align-2GiB", {"ple_alignment": 2 ** 31}, "ple_alignment", 2 ** 31, "power of two"),
-    ("align-float", {"ple_alignment": 4096.5}, "ple_alignment", 4096.5, "power of two"),
-    ("align-word", {"ple_alignment": "abc"}, "ple_alignment", "abc", "power of two"),
-    ("align-newline", {"ple_alignment": "4096\n"}, "ple_alignment", "4096\n", "whole number"),
-    ("align-bool", {"ple_alignment": True}, "ple_alignment", True, "power of two"),
+    ("align-float", {"ple_alignment": 4096.5}, "ple_alignment", 4096.5, "not a whole number"),
+    ("align-word", {"ple_alignment": "abc"}, "ple_alignment", "abc", "not a whole number"),
+    ("align-newline", {"ple_alignment": "4096\n"}, "ple_alignment", "4096\n", "holds a newline"),
+    ("align-bool", {"ple_alignment": True}, "ple_alignment", True, "not a whole number"),
     ("patterns-string", {"ple_name_patterns": "embed_tokens_per_layer"}, "ple_name_patterns",
-     "embed_tokens_per_layer", "write it as a list"),
+     "embed_tokens_per_layer", "write it as a YAML list"),
     ("patterns-empty", {"ple_name_patterns": []}, "ple_name_patterns", [], "non-empty YAML list"),
-    ("patterns-number", {"ple_name_patterns": [1]}, "ple_name_patterns", [1], "list of strings"),
-    ("patterns-dict", {"ple_name_patterns": {"a": "b"}}, "ple_name_patterns", {"a": "b"}, "list of strings"),
+    ("patterns-number", {"ple_name_patterns": [1]}, "ple_name_patterns", [1], "not a string"),
+    ("patterns-dict", {"ple_name_patterns": {"a": "b"}}, "ple_name_patterns", {"a": "b"}, "not a list"),
     ("patterns-bad-regex", {"ple_name_patterns": ["ok", "embed[("]}, "ple_name_patterns", ["ok", "embed[("],
-     "Not a valid"),
-    ("patterns-newline", {"ple_name_patterns": ["embed\nx"]}, "ple_name_patterns", ["embed\nx"], "on one line"),
+     "not a Python regular expression"),
+    ("patterns-newline", {"ple_name_patterns": ["embed\nx"]}, "ple_name_patterns", ["embed\nx"], "holds a newline"),
     ("patterns-empty-string", {"ple_name_patterns": [""]}, "ple_name_patterns", [""], "non-empty"),
     ("verify-string-false", {"ple_verify": "false"}, "ple_verify", "false", "without quotes"),
     ("verify-string-yes", {"ple_verify": "yes"}, "ple_verify", "yes", "without quotes"),
@@ -91,12 +96,12 @@ BAD = [
     ("verify-number", {"ple_verify": 1}, "ple_verify", 1, "without quotes"),
     ("enabled-string-false", {"ple_enabled": "false"}, "ple_enabled", "false", "without quotes"),
     ("enabled-string-no", {"ple_enabled": "no"}, "ple_enabled", "no", "without quotes"),
-    ("mode-number", {"ple_file_mode": 420}, "ple_file_mode", 420, "quoted string"),
+    ("mode-number", {"ple_file_mode": 420}, "ple_file_mode", 420, "quote it"),
     ("mode-symbolic", {"ple_file_mode": "rw-r--r--"}, "ple_file_mode", "rw-r--r--", "quoted string"),
-    ("mode-newline", {"ple_file_mode": "0644\n"}, "ple_file_mode", "0644\n", "quoted string"),
+    ("mode-newline", {"ple_file_mode": "0644\n"}, "ple_file_mode", "0644\n", "holds a newline"),
 ]
 
-# Valid: refused by none of the checks (ple_enabled false skips the rest, as site.yml skips the role)
+# Valid: refused by none of the checks (ple_enabled false skips the checks beyond type, as site.yml skips the role)
 ACCEPTED = [
     ("defaults-from-spark-model", {"ple_checkpoint_dir": None, "ple_pack_file": None,
                                    "spark_model_dir": "/srv/sparkops/models", "spark_model_name": "m"}),
@@ -105,6 +110,9 @@ ACCEPTED = [
                  "ple_verify": True, "ple_file_mode": "0640", "ple_enabled": True}),
     ("alignment-from-the-command-line", {"ple_alignment": "8192"}),
     ("disabled-without-paths", {"ple_enabled": False, "ple_checkpoint_dir": None, "ple_pack_file": None}),
+    # the checks beyond type (meta/checks.yml) hold only with ple_enabled true
+    ("disabled-other-values", {"ple_enabled": False, "ple_alignment": 5000, "ple_pack_file": "/srv/sparkops/models/m",
+                               "ple_name_patterns": [""], "ple_file_mode": "rw-r--r--"}),
 ]
 
 SWEEP_PLAY = """
@@ -198,10 +206,10 @@ def sweep(tmp_path_factory):
 def test_bad_ple_value_is_refused_with_variable_value_and_fix(sweep, name, overrides, var, value, fix):
     res = sweep["bad-" + name]
     assert res["failed"] is True, "%s was accepted" % name
-    # refused by validate.yml's own checks (not by the argument spec, whose messages lack the fix)
+    # refused by validate.yml's input_problems lookup (not by the argument spec, whose messages lack the fix)
     assert res["task"].startswith("Refuse"), res
     msg = " ".join(m for m in res["msgs"] if m and m != "One or more items failed")
-    assert msg.startswith(var + " is ") or (var + " is ") in msg, msg
+    assert msg.startswith(var + " = ") or (" " + var + " = ") in msg, msg
     assert json.dumps(value) in msg, msg
     assert fix in msg, msg
 
