@@ -94,3 +94,20 @@ def test_verify_yml_reports(host, invocation):
     assert report["load"]["failed_requests"] == 0 and report["load"]["concurrency"]["requests"] > 0
     assert report["startup"]["now"]["kv_cache_gib"] > 0
     assert host.check_output("systemctl show -p InvocationID --value %s" % UNIT) == invocation
+
+
+@pytest.mark.parametrize("tag", ["serve", "memwatch"])
+def test_site_yml_one_phase_by_its_tag(host, invocation, tag):
+    """--tags <phase>: the first play (tagged always) checks every input, then only that phase runs."""
+    rc, out = playbook("site.yml", "--tags", tag)
+    assert rc == 0, out[-6000:]
+    assert recap(out)[NAME]["failed"] == 0 and not changed_on_the_spark(out), out[-3000:]
+    plays = re.findall(r"^PLAY \[(.*?)\]", out, re.M)
+    assert plays[0].startswith("Preflight") and any(name.lower().startswith({"serve": "serve", "memwatch": "memory"}[tag])
+                                                    for name in plays), plays
+    after_the_first_play = out.split("\nPLAY [", 2)[-1]
+    assert re.search(r"TASK \[sparkops\.appliance\.%s : (?!Validating arguments)" % tag, after_the_first_play), out[-3000:]
+    for other in ("checkpoint", "host_tuning", "drivers", "runtime_image" if tag == "memwatch" else "memwatch"):
+        # (Ansible's own argument-spec validation of a role is tagged always: it runs and changes nothing)
+        assert not re.search(r"TASK \[sparkops\.appliance\.%s : (?!Validating arguments)" % other, after_the_first_play), other
+    assert host.check_output("systemctl show -p InvocationID --value %s" % UNIT) == invocation
