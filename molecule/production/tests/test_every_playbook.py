@@ -111,3 +111,11 @@ def test_site_yml_one_phase_by_its_tag(host, invocation, tag):
         # (Ansible's own argument-spec validation of a role is tagged always: it runs and changes nothing)
         assert not re.search(r"TASK \[sparkops\.appliance\.%s : (?!Validating arguments)" % other, after_the_first_play), other
     assert host.check_output("systemctl show -p InvocationID --value %s" % UNIT) == invocation
+
+
+def test_rollout_yml_refuses_a_unit_name_that_is_the_systems(host, invocation):
+    """rollout.yml's first play runs the same name guard as site.yml's (roles/preflight/tasks/names.yml)."""
+    rc, out = playbook("rollout.yml", "-e", json.dumps({"spark_serve_unit_name": "systemd-journald"}))
+    assert rc != 0 and "spark_serve_unit_name" in out, out[-4000:]
+    assert "PLAY [Rollout - one batch at a time" not in out, out[-4000:]
+    assert host.check_output("systemctl show -p InvocationID --value %s" % UNIT) == invocation
