@@ -1,0 +1,86 @@
+"""rollout.yml's batch play, as Ansible runs it, when one host of a batch of two fails.
+
+The play's own keywords (serial, max_fail_percentage, any_errors_fatal, ...) and the shape of its
+block (each step an include, the rescue an include_role) are taken from playbooks/rollout.yml; only
+the steps are stand-ins (a step that fails on one host), because the real ones need a serving Spark
+(the rollout scenario runs them for real). With `any_errors_fatal: true` beside `serial` and a
+block whose rescue includes tasks, ansible-core 2.19 lists the failed host's rescue include but runs
+none of its tasks, and stops the batch's other host after its current task: no rollback, no return
+to the balancer, and the recap says failed=0 (issue 34). The batch must instead run every failed
+host's rescue to its end, let the batch's other hosts finish (their gate puts them back), and stop
+the rollout after the batch: no later batch is touched.
+"""
+import json
+import os
+import sys
+
+import yaml
+
+import harness
+
+ROLLOUT = os.path.join(harness.ROOT, "playbooks", "rollout.yml")
+HOSTS = ["r1", "r2", "r3"]
+
+
+def batch_play():
+    with open(ROLLOUT) as handle:
+        plays = yaml.safe_load(handle)
+    return [play for play in plays if play.get("hosts") == "__rollout_ordered"][0]
+
+
+def stand_in(tmp_path, fail_on):
+    """The batch play with its keywords as they are, its steps replaced by stand-ins that write
+    which steps ran on which host; the step named 'gate' fails on `fail_on`."""
+    play = batch_play()
+    block = play["tasks"][0]
+    assert set(block) >= {"block", "rescue"}, block
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    (steps / "step.yml").write_text(yaml.safe_dump([
+        {"name": "Record the step", "ansible.builtin.lineinfile": {
+            "path": str(tmp_path / "ran-{{ inventory_hostname }}"), "line": "{{ __step }}", "create": True}},
+        {"name": "Fail the gate here", "ansible.builtin.fail": {"msg": "gate failed on {{ inventory_hostname }}"},
+         "when": ["__step == 'gate'", "inventory_hostname == %r" % fail_on]}]))
+    (steps / "rescue.yml").write_text(yaml.safe_dump([
+        {"name": "Record the rescue", "ansible.builtin.lineinfile": {
+            "path": str(tmp_path / "ran-{{ inventory_hostname }}"), "line": "rescue", "create": True}},
+        {"name": "Stop the rollout", "ansible.builtin.fail": {"msg": "rollout stopped at {{ inventory_hostname }}"}}]))
+    names = ["image", "prepare", "drain", "apply", "gate"]
+    assert len(block["block"]) == len(names), [task["name"] for task in block["block"]]
+    block = dict(block)
+    block["block"] = [{"name": task["name"], "ansible.builtin.include_tasks": str(steps / "step.yml"),
+                       "vars": {"__step": step}} for task, step in zip(play["tasks"][0]["block"], names)]
+    assert len(block["rescue"]) == 1, block["rescue"]
+    block["rescue"] = [{"name": block["rescue"][0]["name"], "ansible.builtin.include_tasks": str(steps / "rescue.yml")}]
+    play = dict(play, hosts="all", serial=[2, 1], tasks=[block])
+    path = tmp_path / "batch.yml"
+    path.write_text(yaml.safe_dump([play], sort_keys=False))
+    return path
+
+
+def ran(tmp_path, host):
+    path = tmp_path / ("ran-" + host)
+    return path.read_text().split() if path.exists() else []
+
+
+def test_a_failure_in_a_batch_of_two_rescues_that_host_and_stops_after_the_batch(tmp_path):
+    playbook = stand_in(tmp_path, fail_on="r2")
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"all": {"hosts": dict((h, {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}) for h in HOSTS)}}))
+    proc = harness.run_playbook(playbook, inventory=inventory, connection=None,
+                                env=harness.ansible_env(stdout_callback="ansible.builtin.default"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    # the failed host: every step up to its gate, then its whole rescue
+    assert ran(tmp_path, "r2") == ["image", "prepare", "drain", "apply", "gate", "rescue"], out[-3000:]
+    assert "rollout stopped at r2" in out, out[-3000:]
+    # the batch's other host finishes its own steps (its gate puts it back) and is not rolled back
+    assert ran(tmp_path, "r1") == ["image", "prepare", "drain", "apply", "gate"], out[-3000:]
+    # no later batch is touched
+    assert ran(tmp_path, "r3") == [], out[-3000:]
+
+
+def test_the_stand_in_keeps_the_plays_keywords():
+    play = batch_play()
+    assert play["max_fail_percentage"] == 0
+    assert "rescue" in play["tasks"][0] and "serial" in play
