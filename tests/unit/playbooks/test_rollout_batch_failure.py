@@ -66,7 +66,8 @@ def ran(tmp_path, host):
 def test_a_failure_in_a_batch_of_two_rescues_that_host_and_stops_after_the_batch(tmp_path):
     playbook = stand_in(tmp_path, fail_on="r2")
     inventory = tmp_path / "inventory.json"
-    inventory.write_text(json.dumps({"all": {"hosts": dict((h, {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}) for h in HOSTS)}}))
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(json.dumps({"all": {"hosts": dict((host, local) for host in HOSTS)}}))
     proc = harness.run_playbook(playbook, inventory=inventory, connection=None,
                                 env=harness.ansible_env(stdout_callback="ansible.builtin.default"))
     out = proc.stdout + proc.stderr
