@@ -30,6 +30,8 @@ ALLOWED = {
     "memory_plan_kv_target_gib",
     # the CPU runtime image as base, no registry, no network in the build
     "runtime_image_base", "runtime_image_pull_base", "runtime_image_install_jemalloc",
+    # one Docker engine for every lab Spark: one build of a tag at a time
+    "runtime_image_build_throttle",
     # one Docker engine (the machine's) for every lab Spark
     "spark_serve_container_name", "serve_docker_network", "serve_engine_root_container",
     "spark_ray_container_name", "cluster_docker_network", "cluster_engine_root_container",

@@ -268,8 +268,8 @@ def test_a_failure_in_a_batch_of_two_puts_that_host_back_and_halts(lb_dir):
     fails its start (a tokenizer that is not there; vLLM's parser accepts the line). That host runs its
     whole rescue (previous image, unit and env, healthy, back in the balancer) while the batch's other host
     passes its gate on the new image and is back in the balancer too; the rollout stops after the batch,
-    naming the host and the failed step, and the third host is never touched (issue 34: with
-    any_errors_fatal the rescue was listed but never ran)."""
+    naming the host and the failed step, and the third host is never touched (with any_errors_fatal
+    the rescue was listed but never ran: tests/unit/playbooks/test_rollout_batch_failure.py)."""
     first, failing, later = HOSTS
     previous = dict((h, unit_image(h)) for h in HOSTS)
     untouched = sh(later, "sha256sum %s %s; stat -c %%Y %s" % (UNIT_FILE, STATE_FILE, UNIT_FILE)).stdout

@@ -6,7 +6,7 @@ the steps are stand-ins (a step that fails on one host), because the real ones n
 (the rollout scenario runs them for real). With `any_errors_fatal: true` beside `serial` and a
 block whose rescue includes tasks, ansible-core 2.19 lists the failed host's rescue include but runs
 none of its tasks, and stops the batch's other host after its current task: no rollback, no return
-to the balancer, and the recap says failed=0 (issue 34). The batch must instead run every failed
+to the balancer, and the recap says failed=0. The batch must instead run every failed
 host's rescue to its end, let the batch's other hosts finish (their gate puts them back), and stop
 the rollout after the batch: no later batch is touched.
 """
