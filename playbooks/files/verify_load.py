@@ -4,7 +4,9 @@
 """verify.yml's load and stability client (SPEC section 9, steps 3 and 4), run on the Spark with the
 host's python3 and its standard library only.
 
-One JSON argument (see playbooks/verify.yml); prints one JSON report:
+Reads one JSON object, its config, on stdin (see playbooks/verify.yml): never on its command line,
+where `ps` and /proc/<pid>/cmdline show the API key to every user for the whole run; prints one
+JSON report (the config without api_key):
 - target_length: sequential streamed completions at the target prompt length;
 - concurrency: the target concurrency, half prefill-heavy (long prompt, few tokens out), half
   decode-heavy (short prompt, many tokens out);
@@ -285,8 +287,12 @@ DEFAULTS = {"url": "http://127.0.0.1:8000", "model": "model", "api_key": "", "pr
 
 
 def main():
+    if len(sys.argv) > 1:
+        sys.exit("verify_load.py takes its config as JSON on stdin, not as arguments (a command line is "
+                 "visible to every user of the host)")
     cfg = dict(DEFAULTS)
-    cfg.update(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})
+    text = sys.stdin.read()
+    cfg.update(json.loads(text) if text.strip() else {})
     print(json.dumps(asyncio.run(main_async(cfg))))
 
 

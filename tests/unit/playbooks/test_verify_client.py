@@ -117,3 +117,85 @@ def test_tpot_holds_when_streamed_events_arrive_together():
     summary = client.summarise([dict(result, kind="decode")], 1.0)
     assert summary["inter_token"]["n"] == 6 and summary["inter_token"]["p50_ms"] < 5.0, summary
     assert summary["tpot"]["n"] == 1 and 20.0 < summary["tpot"]["p50_ms"] < 200.0, summary
+
+
+def _verify_load_task():
+    """The task whose output is the report's "load" (it registers __verify_load), in any block."""
+    import yaml
+    with open(os.path.join(ROOT, "playbooks", "verify.yml")) as handle:
+        plays = yaml.safe_load(handle)
+
+    def walk(tasks):
+        for task in tasks or []:
+            yield task
+            for part in ("block", "rescue", "always"):
+                yield from walk(task.get(part))
+    found = [t for play in plays for t in walk(play.get("tasks")) if t.get("register") == "__verify_load"]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_verify_feeds_the_client_config_on_stdin_not_argv():
+    """Issue 35: the whole config (api_key included) was one JSON argument, visible in `ps` for
+    the whole run (no_log hides only Ansible's output). The task now feeds it on stdin."""
+    task = _verify_load_task()
+    assert "ansible.builtin.command" in task, task
+    args = task["ansible.builtin.command"]
+    assert "__verify_client" in args.get("stdin", ""), args
+    assert "__verify_client" not in repr(args.get("argv", args.get("cmd", ""))), args
+    assert "no_log" in task and "api_key" in task["no_log"], task
+
+
+def test_client_reads_stdin_and_the_key_is_never_in_its_argv():
+    """The client run as verify.yml runs it (python3 <client>, config on stdin): a stand-in server
+    reads the client's /proc/<pid>/cmdline while it runs; the key is not there, and the key given on
+    stdin reaches the server's Authorization header."""
+    import http.server
+    import json as _json
+    import subprocess
+    import sys
+    import threading
+
+    key = "sk-verify-SECRET-4242"
+    seen = {"auth": [], "cmdlines": []}
+    holder = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *_args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            seen["auth"].append(self.headers.get("Authorization"))
+            if "proc" in holder:
+                with open("/proc/%d/cmdline" % holder["proc"].pid, "rb") as handle:
+                    seen["cmdlines"].append(handle.read())
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for text in ("a", "b"):
+                self.wfile.write(("data: %s\n\n" % _json.dumps({"choices": [{"text": text}]})).encode())
+            self.wfile.write(("data: %s\n\ndata: [DONE]\n\n" % _json.dumps({"choices": [], "usage": {"completion_tokens": 2}})).encode())
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        cfg = {"url": "http://127.0.0.1:%d" % server.server_address[1], "model": "m", "api_key": key,
+               "prompt_tokens": 8, "max_tokens": 2, "requests": 1, "concurrency": 1, "rounds": 0,
+               "round_requests": 1, "settle_s": 0, "request_timeout_s": 10}
+        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "playbooks", "files", "verify_load.py")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        holder["proc"] = proc
+        out, err = proc.communicate(_json.dumps(cfg).encode(), timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 0, err.decode()
+    report = _json.loads(out)
+    assert report["failed_requests"] == 0, report
+    assert key not in out.decode(), "the key is in the client's report"
+    assert seen["cmdlines"] and all(key.encode() not in c for c in seen["cmdlines"]), seen["cmdlines"]
+    assert seen["auth"] and set(seen["auth"]) == {"Bearer " + key}, seen["auth"]
