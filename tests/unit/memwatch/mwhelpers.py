@@ -87,7 +87,8 @@ if argv[0] == "inspect":
     if "-f" in argv:
         print("%s %d" % ("true" if st["running"] else "false", st.get("exit_code", 0)))
     else:
-        print(json.dumps([{"Name": "/" + name, "State": {"Running": st["running"]}}]))
+        # "inspect": the whole document a test wants (e.g. a Config.Env with secrets)
+        print(json.dumps(st.get("inspect") or [{"Name": "/" + name, "State": {"Running": st["running"]}}]))
 elif argv[0] == "logs":
     if not exists:
         sys.stderr.write("Error: No such container: %s\n" % name); sys.exit(1)
