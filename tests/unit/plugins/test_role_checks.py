@@ -51,6 +51,9 @@ def one(name, value, checks, **others):
     ([{'pattern': 'not_empty'}], [['embed'], 'x'], [['ok', ''], ''], ['not a non-empty string']),
     ([{'pattern': 'systemd_unit'}], ['docker.service', 'sparkops-serve'], ['docker service', '-x'], ['systemd unit name such as docker.service']),
     ([{'key_pattern': 'env_name'}], [{'A_1': 'x'}], [{'1A': 'x'}], ['the key "1A"']),
+    ([{'value_pattern': 'port'}], [{'a_port': 1}, {'a_port': 65535}, {'a_port': '6380'}, {'a_port': 9999}, {'a_port': 59999}],
+     [{'a_port': 0}, {'a_port': 65536}, {'a_port': 70000}, {'a_port': True}, {'a_port': '06380'}, {'a_port': -1}],
+     ['not a port number from 1 to 65535']),
     ([{'values': 'scalar'}], [{'A': 1, 'B': True}], [{'A': {'b': 1}}, {'A': [1]}], ['not one plain value']),
     ([{'values': 'string_or_number'}], [{'A': 1}], [{'A': True}], ['a string or a number']),
     ([{'value_pattern': 'sysctl_value'}], [{'vm.x': 268435456}], [{'vm.x': '1;2'}, {'vm.x': ' '}], ['not a number or words']),
@@ -182,8 +185,14 @@ def test_the_data_files_use_known_keys_and_patterns_and_name_declared_options():
             data = yaml.safe_load(handle)
         assert set(data) == {'checks'}, path
         declared = load_role_options(roles=[role])
+        # a role whose lookup asks for 'common' too (cluster: a pair's spark_* names) may check those
+        validate = os.path.join(COLLECTION_ROOT, 'roles', role, 'tasks', 'validate.yml')
+        if os.path.isfile(validate):
+            with open(validate) as handle:
+                if "'%s', 'common')" % role in handle.read():
+                    declared.update(load_role_options(roles=['common']))
         for name, entries in data['checks'].items():
-            assert name in declared, '%s: %s is not an option of %s' % (path, name, role)
+            assert name in declared, '%s: %s is not an option of %s (nor of common, where its lookup reads common)' % (path, name, role)
             for entry in entries:
                 assert set(entry) <= CHECK_KEYS, (path, name)
                 for key in ('greater_than', 'at_least', 'less_than', 'at_most', 'equal_to', 'differs_from', 'not_directly_in'):

@@ -65,13 +65,26 @@ VALIDATE = """
 BAD = [
     ({"worker": {"cluster_role": "head"}}, "exactly one with cluster_role head"),
     ({"worker": {"cluster_role": "wrker"}}, "cluster_role must be one of: , head, worker, got: wrker"),
-    ({"worker": {"spark_interconnect_ip": ""}}, 'spark_interconnect_ip an IPv4 address'),
+    ({"worker": {"cluster_role": ""}}, 'cluster_role = "": not one of "head", "worker"'),
+    ({"worker": {"spark_interconnect_ip": ""}}, 'spark_interconnect_ip = "": not an IPv4 address'),
     ({"worker": {"spark_interconnect_ip": "10.10.0.1"}}, 'different on the two nodes'),
-    ({"worker": {"spark_interconnect_ip": "10.10.0.300"}}, '"10.10.0.300"'),
-    ({"group": {"spark_interconnect_if": ""}}, 'spark_interconnect_if an interface name (got "")'),
+    ({"worker": {"spark_interconnect_ip": "10.10.0.300"}}, 'spark_interconnect_ip = "10.10.0.300": not an IPv4 address'),
+    ({"group": {"spark_interconnect_if": ""}}, 'spark_interconnect_if = "": not a network interface name'),
     ({"group": {"memory_plan_tensor_parallel_size": 1}}, "memory_plan_tensor_parallel_size must be 2"),
-    ({"group": {"serve_extra_args": ["--distributed-executor-backend", "uni"]}}, "serve_extra_args on h"),
-    ({"group": {"spark_ib_hca": "mlx5 0"}}, 'spark_ib_hca empty or an NCCL_IB_HCA value (got "mlx5 0")'),
+    # the serve role's data refuses the executor flags on a pair's hosts (its refuse_flags, when cluster_role)
+    ({"group": {"serve_extra_args": ["--distributed-executor-backend", "uni"]}},
+     'serve_extra_args = ["--distributed-executor-backend", "uni"]: --distributed-executor-backend is refused here'),
+    ({"group": {"spark_ib_hca": "mlx5 0"}}, 'spark_ib_hca = "mlx5 0": not an NCCL_IB_HCA value'),
+    # the Ray settings (meta/checks.yml), each its own message
+    ({"group": {"spark_ray_port": 0}}, "spark_ray_port = 0: below 1"),
+    ({"group": {"cluster_ray_ports": {"node_manager_port": 0, "gcs_port": 6390}}},
+     'the value of "node_manager_port" (0) is not a port number from 1 to 65535'),
+    ({"group": {"cluster_ray_ports": {"node-manager": 6380}}}, 'the key "node-manager" is not a name ending in _port'),
+    ({"group": {"cluster_ray_object_store_bytes": 1000}}, "cluster_ray_object_store_bytes = 1000: below 78643200"),
+    ({"group": {"cluster_join_timeout_s": 0}}, "cluster_join_timeout_s = 0: below 1"),
+    ({"group": {"cluster_ipc": "hosts"}}, 'cluster_ipc = "hosts": not host, private, shareable, none or container:NAME'),
+    ({"group": {"serve_container_model_path": "/srv/model"}},
+     'cluster_container_model_path = "/model": not equal to serve_container_model_path ("/srv/model")'),
 ]
 
 
