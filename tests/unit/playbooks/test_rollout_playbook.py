@@ -1,6 +1,7 @@
 """playbooks/rollout.yml refuses a bad rollout_* value in its first play, before anything changes: a
 wrong type (roles/rollout/meta/argument_specs.yml, through the preflight's check of every role's
-options) and a value out of range (roles/rollout/tasks/validate.yml). No fact is gathered, no host
+options) and a value out of range (roles/rollout/meta/checks.yml, read by the same check; the drain
+hook's file by roles/rollout/tasks/validate.yml). No fact is gathered, no host
 is touched, the batch play never starts. One ansible-playbook start per kind (the first play stops
 every host at the first failed task: any_errors_fatal), each host of it a case on this machine."""
 import os
@@ -21,8 +22,16 @@ CASES = {
                        'rollout_drain_timeout_s = "300s": a string, not a whole number'),
     },
     "bounds": {
-        "tolerance-negative": ({"rollout_kv_tolerance_pct": -5}, "rollout_kv_tolerance_pct >= 0 (got -5)"),
-        "poll-above-timeout": ({"rollout_drain_poll_s": 400}, "rollout_drain_poll_s from 1 to it (got 400)"),
+        "tolerance-negative": ({"rollout_kv_tolerance_pct": -5}, "rollout_kv_tolerance_pct = -5: below 0"),
+        "poll-above-timeout": ({"rollout_drain_poll_s": 400},
+                               "rollout_drain_poll_s = 400: not at most rollout_drain_timeout_s (300)"),
+        "gate-prompt-empty": ({"rollout_gate_prompt": ""}, 'rollout_gate_prompt = "": empty'),
+        "health-timeout-zero": ({"rollout_health_timeout_s": 0}, "rollout_health_timeout_s = 0: below 1"),
+    },
+    # the hook's file is looked for on the controller, by a task after the values' check
+    "hook": {
+        "hook-missing": ({"rollout_drain_hook": "/nonexistent/sparkops-hook.yml"},
+                         'rollout_drain_hook = "/nonexistent/sparkops-hook.yml": not a file on the controller'),
     },
 }
 
