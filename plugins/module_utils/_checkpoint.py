@@ -376,14 +376,59 @@ class FileSource(object):
         return f, offset
 
 
-class HttpSource(object):
-    """An HTTP(S) base URL; resumes with Range requests (falls back to a full GET on 200)."""
+MAX_REDIRECTS = 10
+REDIRECT_CODES = (301, 302, 303, 307, 308)
+# Dropped, with every header the caller gave (checkpoint_http_headers: any of them may be a
+# credential, e.g. X-Api-Key or Private-Token), when a redirect leaves the origin.
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
 
-    def __init__(self, base_url, headers=None, timeout=60, validate_certs=True):
+
+def _origin(url):
+    from ansible.module_utils.six.moves.urllib.parse import urlsplit
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
+def same_origin(old, new):
+    """True when new has the scheme, host and port of old: only then do credentials follow a
+    redirect (another host, another port, https -> http or http -> https drop them, as requests
+    drops Authorization)."""
+    return _origin(old) == _origin(new)
+
+
+def check_url(url, allow_http, what="the URL"):
+    """Refuse anything but https:// (http:// only with allow_http)."""
+    scheme = _origin(url)[0]
+    if scheme == "https" or (scheme == "http" and allow_http):
+        return
+    if scheme == "http":
+        raise CheckpointError("%s %s is plain http:// (no TLS: its bytes and any credential can be read and changed on the way); "
+                              "use https://, or set checkpoint_allow_http: true (the module's allow_http) for a trusted network"
+                              % (what, url))
+    raise CheckpointError("%s %s is not an http(s):// URL" % (what, url))
+
+
+def check_redirect(old, new, allow_http):
+    """A redirect from old to new may be followed (new is https, or http with allow_http)."""
+    check_url(new, allow_http, "%s redirects to" % old)
+
+
+class HttpSource(object):
+    """An HTTP(S) base URL; resumes with Range requests (falls back to a full GET on 200).
+
+    Redirects are followed here (at most MAX_REDIRECTS), not by urllib, which copies every header
+    to wherever it is sent: on a redirect to another scheme, host or port the caller's headers and
+    Authorization, Proxy-Authorization and Cookie are dropped for the rest of the chain; a redirect
+    to http:// is refused unless allow_http."""
+
+    def __init__(self, base_url, headers=None, timeout=60, validate_certs=True, allow_http=False):
+        check_url(base_url, allow_http, "the source")
         self.base = base_url.rstrip("/")
         self.headers = dict(headers or {})
         self.timeout = timeout
         self.validate_certs = validate_certs
+        self.allow_http = allow_http
 
     def url(self, rel):
         from ansible.module_utils.six.moves.urllib.parse import quote
@@ -394,11 +439,28 @@ class HttpSource(object):
 
     def get(self, url, offset=0):
         from ansible.module_utils.urls import open_url
+        from ansible.module_utils.six.moves.urllib.error import HTTPError
+        from ansible.module_utils.six.moves.urllib.parse import urljoin
+        check_url(url, self.allow_http)
         headers = dict(self.headers)
         if offset:
             headers["Range"] = "bytes=%d-" % offset
-        return open_url(url, headers=headers, timeout=self.timeout, validate_certs=self.validate_certs,
-                        follow_redirects="safe" if not self.headers else "urllib2")
+        drop = set(CREDENTIAL_HEADERS) | set(k.lower() for k in self.headers)
+        for _hop in range(MAX_REDIRECTS + 1):
+            try:
+                return open_url(url, headers=headers, timeout=self.timeout, validate_certs=self.validate_certs,
+                                follow_redirects="none")
+            except HTTPError as e:
+                location = e.headers.get("Location") if e.code in REDIRECT_CODES and e.headers is not None else None
+                if not location:
+                    raise
+                e.close()
+                new = urljoin(url, location.strip())
+                check_redirect(url, new, self.allow_http)
+                if not same_origin(url, new):
+                    headers = dict((k, v) for k, v in headers.items() if k.lower() not in drop)
+                url = new
+        raise CheckpointError("more than %d redirects, the last to %s" % (MAX_REDIRECTS, url))
 
     def open(self, rel, offset):
         from ansible.module_utils.six.moves.urllib.error import HTTPError

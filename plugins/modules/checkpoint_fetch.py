@@ -57,9 +57,18 @@ options:
     type: str
     default: ""
   headers:
-    description: HTTP headers (for example an Authorization header). Not logged.
+    description:
+      - HTTP headers (for example an Authorization header). Not logged.
+      - Sent only to the origin (scheme, host, port) of the URL asked for; a redirect elsewhere
+        drops them all, with Authorization, Proxy-Authorization and Cookie, for the rest of the chain.
     type: dict
     default: {}
+  allow_http:
+    description:
+      - Accept a plain C(http://) source or manifest URL, and redirects to C(http://). Without it only
+        C(https://) is fetched, as without TLS the bytes and any credential can be read and changed on the way.
+    type: bool
+    default: false
   validate_certs:
     description: Verify the HTTPS server's certificate.
     type: bool
@@ -204,7 +213,7 @@ def run(module):
         raise CheckpointError("src is required with state=present")
     is_http = src.startswith("http://") or src.startswith("https://")
     if is_http:
-        source = HttpSource(src, p["headers"], p["timeout"], p["validate_certs"])
+        source = HttpSource(src, p["headers"], p["timeout"], p["validate_certs"], p["allow_http"])
     elif os.path.isabs(src):
         if not os.path.isdir(src):
             raise CheckpointError("source directory %s does not exist (is the share mounted?)" % src)
@@ -214,7 +223,7 @@ def run(module):
 
     mloc = p["manifest"] or (source.url(MANIFEST_NAME) if is_http else os.path.join(src, MANIFEST_NAME))
     if mloc.startswith("http://") or mloc.startswith("https://"):
-        loader = source if is_http else HttpSource(mloc, p["headers"], p["timeout"], p["validate_certs"])
+        loader = source if is_http else HttpSource(mloc, p["headers"], p["timeout"], p["validate_certs"], p["allow_http"])
         try:
             text = loader.read_text(mloc)
         except Exception as e:  # any fetch failure becomes a message naming the URL
@@ -294,6 +303,7 @@ def main():
             reserve_gib=dict(type="float", default=0),
             space_hint=dict(type="str", default=""),
             headers=dict(type="dict", default={}, no_log=True),
+            allow_http=dict(type="bool", default=False),
             validate_certs=dict(type="bool", default=True),
             timeout=dict(type="int", default=60),
             retries=dict(type="int", default=3),

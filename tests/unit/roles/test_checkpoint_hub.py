@@ -101,6 +101,7 @@ def host_vars(tmp_path, venv, hub, token):
     return {
         "checkpoint_source": "huggingface", "checkpoint_hf_repo": REPO, "checkpoint_revision": REVISION,
         "checkpoint_hf_token": token, "checkpoint_hf_endpoint": hub.url, "checkpoint_hf_venv": str(venv),
+        "checkpoint_allow_http": True,  # the stand-in Hub is local, without TLS
         "checkpoint_hf_packages": [], "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_progress_file": str(tmp_path / "progress.json"),
         "checkpoint_ple_pack_gib": 0, "checkpoint_min_free_margin_gib": 0, "checkpoint_progress_interval_s": 1,
         "checkpoint_fetch_timeout_s": 120}

@@ -110,7 +110,7 @@ def test_http_fetch_uses_range_to_resume_after_a_drop(src_dir, http_server, tmp_
     dest = str(tmp_path / "dest")
     os.makedirs(dest)
     http_server.state.drops[rel] = 1000000
-    src = ck.HttpSource(http_server.base)
+    src = ck.HttpSource(http_server.base, allow_http=True)
     with pytest.raises(ck.CheckpointError, match="interrupted at 1000000 of %d bytes" % e["size"]):
         ck.fetch_file(src, rel, dest, e["size"], e["sha256"], retries=0)
     assert os.path.getsize(os.path.join(dest, rel + ".part")) == 1000000
@@ -129,7 +129,7 @@ def test_http_fetch_retries_within_one_call(src_dir, http_server, tmp_path):
     e = [x for x in m["files"] if x["path"] == rel][0]
     http_server.state.drops[rel] = 4096
     sleeps = []
-    got = ck.fetch_file(ck.HttpSource(http_server.base), rel, str(tmp_path), e["size"], e["sha256"],
+    got = ck.fetch_file(ck.HttpSource(http_server.base, allow_http=True), rel, str(tmp_path), e["size"], e["sha256"],
                         retries=1, sleep=sleeps.append)
     assert got == e["size"] and sleeps == [1.0]
     assert http_server.state.bytes[rel] == e["size"]
@@ -145,7 +145,7 @@ def test_server_that_ignores_range_restarts_from_zero(src_dir, http_server, tmp_
     with open(part, "wb") as f:
         f.write(b"\0" * 500)  # garbage that a 200 answer must replace, not extend
     http_server.state.norange.add(rel)
-    got = ck.fetch_file(ck.HttpSource(http_server.base), rel, str(tmp_path), e["size"], e["sha256"])
+    got = ck.fetch_file(ck.HttpSource(http_server.base, allow_http=True), rel, str(tmp_path), e["size"], e["sha256"])
     assert got == e["size"]
     assert sha(os.path.join(str(tmp_path), rel)) == e["sha256"]
 
@@ -156,7 +156,7 @@ def test_corrupted_source_byte_fails_naming_the_file_and_removes_the_part(src_di
     e = [x for x in m["files"] if x["path"] == rel][0]
     flip_byte(os.path.join(src_dir, rel), 99)
     with pytest.raises(ck.CheckpointError) as err:
-        ck.fetch_file(ck.HttpSource(http_server.base), rel, str(tmp_path), e["size"], e["sha256"])
+        ck.fetch_file(ck.HttpSource(http_server.base, allow_http=True), rel, str(tmp_path), e["size"], e["sha256"])
     msg = str(err.value)
     assert rel in msg and "sha256 mismatch" in msg and e["sha256"] in msg
     assert sha(os.path.join(src_dir, rel)) in msg
@@ -167,7 +167,7 @@ def test_corrupted_source_byte_fails_naming_the_file_and_removes_the_part(src_di
 def test_http_404_fails_at_once_without_retries(src_dir, http_server, tmp_path):
     sleeps = []
     with pytest.raises(ck.CheckpointError, match="HTTP 404"):
-        ck.fetch_file(ck.HttpSource(http_server.base), "nope.bin", str(tmp_path), 10, "a" * 64,
+        ck.fetch_file(ck.HttpSource(http_server.base, allow_http=True), "nope.bin", str(tmp_path), 10, "a" * 64,
                       retries=3, sleep=sleeps.append)
     assert sleeps == []
 
@@ -208,3 +208,126 @@ def test_free_space_check_uses_nearest_existing_parent(tmp_path):
     assert ok and probe == str(tmp_path) and free > 0
     ok, free, probe = ck.free_space_check(str(tmp_path), free + 1, 0)
     assert not ok
+
+
+# --- issue 35 item 4: credentials and redirects ------------------------------------------------
+
+class _Recorder(object):
+    """A local server: /r/<n> answers 302 to redirects[n] (an absolute URL), any other path 200 with
+    the request's headers recorded."""
+
+    def __init__(self, host="127.0.0.1"):
+        import http.server
+        import threading
+        self.seen = []
+        self.redirects = {}
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *_args):
+                pass
+
+            def do_GET(self):
+                outer.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+                if self.path.startswith("/r/"):
+                    self.send_response(302)
+                    self.send_header("Location", outer.redirects[self.path[3:]])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = b"payload"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self.base = "http://%s:%d" % (host, self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+CREDENTIALS = {"Authorization": "Bearer tok-SECRET", "X-Api-Token": "custom-SECRET", "Cookie": "s=SECRET"}
+
+
+@pytest.fixture
+def recorders():
+    made = []
+
+    def make(host="127.0.0.1"):
+        made.append(_Recorder(host))
+        return made[-1]
+    yield make
+    for rec in made:
+        rec.close()
+
+
+@pytest.mark.parametrize("target_host", ["127.0.0.2", "127.0.0.1"])
+def test_a_redirect_to_another_host_or_port_gets_no_credentials(recorders, target_host):
+    """A 302 from the checkpoint server to another address (127.0.0.2), or to another port of the
+    same address, is another origin: the request there carries none of the credentials (Authorization,
+    Cookie, the headers of checkpoint_http_headers), as requests does."""
+    origin, target = recorders(), recorders(target_host)
+    origin.redirects["1"] = target.base + "/file"
+    src = ck.HttpSource(origin.base, dict(CREDENTIALS), allow_http=True)
+    assert src.read_text(origin.base + "/r/1") == "payload"
+    assert [p for p, _h in origin.seen] == ["/r/1"] and origin.seen[0][1]["authorization"] == "Bearer tok-SECRET"
+    ((path, headers),) = target.seen
+    assert path == "/file"
+    assert not [v for v in headers.values() if "SECRET" in v], headers
+
+
+def test_a_redirect_on_the_same_origin_keeps_the_credentials(recorders):
+    origin = recorders()
+    origin.redirects["1"] = origin.base + "/file"
+    src = ck.HttpSource(origin.base, dict(CREDENTIALS), allow_http=True)
+    assert src.read_text(origin.base + "/r/1") == "payload"
+    assert [p for p, _h in origin.seen] == ["/r/1", "/file"]
+    for name, value in CREDENTIALS.items():
+        assert origin.seen[1][1][name.lower()] == value
+
+
+def test_a_redirect_keeps_range_and_chains_are_bounded(recorders):
+    origin, target = recorders(), recorders("127.0.0.2")
+    origin.redirects["1"] = target.base + "/r/2"
+    target.redirects["2"] = target.base + "/r/2"   # a loop
+    origin.redirects["3"] = target.base + "/file"
+    src = ck.HttpSource(origin.base, dict(CREDENTIALS), allow_http=True)
+    with pytest.raises(ck.CheckpointError, match="redirects"):
+        src.read_text(origin.base + "/r/1")
+    assert len(target.seen) == ck.MAX_REDIRECTS
+    resp = src.get(origin.base + "/r/3", offset=3)   # a resumed transfer: Range is no credential
+    resp.close()
+    assert target.seen[-1][0] == "/file" and target.seen[-1][1]["range"] == "bytes=3-"
+    assert not [h for _p, hs in target.seen for h in hs.values() if "SECRET" in h]
+
+
+@pytest.mark.parametrize("old, new, keep", [
+    ("https://a.example/x", "https://a.example/y", True),
+    ("https://a.example/x", "https://a.example:443/y", True),
+    ("https://a.example/x", "https://b.example/y", False),
+    ("https://a.example/x", "http://a.example/y", False),     # https -> http: never
+    ("http://a.example/x", "https://a.example/y", False),     # another scheme is another origin
+    ("http://a.example:8080/x", "http://a.example:8081/y", False),
+    ("https://A.example/x", "https://a.EXAMPLE/y", True),
+])
+def test_credentials_follow_only_within_one_origin(old, new, keep):
+    assert ck.same_origin(old, new) is keep
+
+
+def test_http_is_refused_unless_allowed(recorders):
+    origin = recorders()
+    with pytest.raises(ck.CheckpointError, match="allow_http"):
+        ck.HttpSource(origin.base, allow_http=False)
+    assert ck.HttpSource(origin.base, allow_http=True).read_text(origin.base + "/file") == "payload"
+
+
+def test_a_downgrade_redirect_to_http_is_refused_unless_allowed(recorders):
+    """An https source redirected to http:// (stands in: the check reads only the URLs)."""
+    target = recorders()
+    with pytest.raises(ck.CheckpointError, match="allow_http"):
+        ck.check_redirect("https://a.example/x", target.base + "/file", allow_http=False)
+    ck.check_redirect("https://a.example/x", target.base + "/file", allow_http=True)

@@ -71,7 +71,7 @@ def test_fetch_check_real_again(kind, src_dir, http_server, tmp_path):
     manifest = publish_manifest(src_dir)
     dest = str(tmp_path / "dest" / "model")
     progress = str(tmp_path / "progress.json")
-    args = {"src": http_server.base if kind == "http" else src_dir, "dest": dest,
+    args = {"src": http_server.base if kind == "http" else src_dir, "dest": dest, "allow_http": True,  # a local stand-in without TLS
             "progress_file": progress, "reserve_gib": 0.001}
 
     check = ok(checkpoint_fetch, args, check=True)
@@ -118,7 +118,7 @@ def test_fetch_interrupted_then_resumed_without_refetching(src_dir, http_server,
     rel = "model-00001-of-00002.safetensors"
     dest = str(tmp_path / "dest")
     http_server.state.drops[rel] = 2 * 1024 * 1024
-    args = {"src": http_server.base, "dest": dest, "retries": 0, "progress_file": str(tmp_path / "p.json")}
+    args = {"src": http_server.base, "dest": dest, "allow_http": True, "retries": 0, "progress_file": str(tmp_path / "p.json")}
     first = run_module(checkpoint_fetch, args)
     assert first.failed
     assert "interrupted at %d of %d bytes" % (2 * 1024 * 1024, SHARDS[rel]) in first.result["msg"]
@@ -135,7 +135,7 @@ def test_fetch_interrupted_then_resumed_without_refetching(src_dir, http_server,
 def test_fetch_fails_before_writing_when_disk_is_short(src_dir, http_server, tmp_path):
     publish_manifest(src_dir)
     dest = str(tmp_path / "dest")
-    e = run_module(checkpoint_fetch, {"src": http_server.base, "dest": dest, "reserve_gib": 1e9,
+    e = run_module(checkpoint_fetch, {"src": http_server.base, "dest": dest, "allow_http": True, "reserve_gib": 1e9,
                                       "space_hint": "Lower checkpoint_min_free_margin_gib."})
     assert e.failed and "not enough free disk" in e.result["msg"]
     assert "Lower checkpoint_min_free_margin_gib." in e.result["msg"]
@@ -152,7 +152,7 @@ def test_fetch_space_state(tmp_path):
 
 
 def test_fetch_missing_manifest_on_http_is_named(src_dir, http_server, tmp_path):
-    e = run_module(checkpoint_fetch, {"src": http_server.base, "dest": str(tmp_path / "d")})
+    e = run_module(checkpoint_fetch, {"src": http_server.base, "dest": str(tmp_path / "d"), "allow_http": True})
     assert e.failed and "cannot read the manifest %s/%s" % (http_server.base, ck.MANIFEST_NAME) in e.result["msg"]
     assert "404" in e.result["msg"]
 
@@ -238,7 +238,7 @@ def test_fetch_through_ansible_cli(src_dir, http_server, tmp_path):
           gather_facts: false
           tasks:
             - name: fetch
-              sparkops.appliance.checkpoint_fetch: {src: "%(src)s", dest: "%(dest)s"}
+              sparkops.appliance.checkpoint_fetch: {src: "%(src)s", dest: "%(dest)s", allow_http: true}
             - name: verify
               sparkops.appliance.checkpoint_verify: {path: "%(dest)s"}
             - name: verify again
@@ -255,3 +255,11 @@ def test_fetch_through_ansible_cli(src_dir, http_server, tmp_path):
     assert r.get("changed") is True and r["verified"] and r["total_bytes"] == sum(SHARDS.values()), r
     r = results["verify again"]
     assert r.get("changed") is False and r["hashed"] is False, r
+
+
+def test_fetch_refuses_plain_http_unless_allowed(src_dir, http_server, tmp_path):
+    """Issue 35: https:// only by default; the message names the way out."""
+    publish_manifest(src_dir)
+    e = run_module(checkpoint_fetch, {"src": http_server.base, "dest": str(tmp_path / "d")})
+    assert e.failed and "plain http://" in e.result["msg"] and "checkpoint_allow_http" in e.result["msg"], e.result
+    assert http_server.state.requests == []   # nothing was asked of it
