@@ -1,4 +1,4 @@
-"""Incident archives are made to be handed around: they hold no secret (issue 35 item 3).
+"""Incident archives are made to be handed around: they hold no secret.
 
 `docker inspect` of the serving container carries its environment (Config.Env: VLLM_API_KEY and
 whatever serve_env holds, from the env file `docker run --env-file` read). The archive keeps the

@@ -136,7 +136,7 @@ def _verify_load_task():
 
 
 def test_verify_feeds_the_client_config_on_stdin_not_argv():
-    """Issue 35: the whole config (api_key included) was one JSON argument, visible in `ps` for
+    """The whole config (api_key included) was one JSON argument, visible in `ps` for
     the whole run (no_log hides only Ansible's output). The task now feeds it on stdin."""
     task = _verify_load_task()
     assert "ansible.builtin.command" in task, task

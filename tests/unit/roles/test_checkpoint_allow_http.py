@@ -1,4 +1,4 @@
-"""The checkpoint role fetches over https:// only unless checkpoint_allow_http (issue 35 item 4):
+"""The checkpoint role fetches over https:// only unless checkpoint_allow_http:
 a plain http:// checkpoint_url, checkpoint_manifest or Hub endpoint is refused by tasks_from=validate,
 as site.yml's first play runs it, with a message naming the variable and the fix.
 

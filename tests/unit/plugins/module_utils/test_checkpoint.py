@@ -210,7 +210,7 @@ def test_free_space_check_uses_nearest_existing_parent(tmp_path):
     assert not ok
 
 
-# --- issue 35 item 4: credentials and redirects ------------------------------------------------
+# --- credentials and redirects ---------------------------------------------------------------
 
 class _Recorder(object):
     """A local server: /r/<n> answers 302 to redirects[n] (an absolute URL), any other path 200 with

@@ -258,7 +258,7 @@ def test_fetch_through_ansible_cli(src_dir, http_server, tmp_path):
 
 
 def test_fetch_refuses_plain_http_unless_allowed(src_dir, http_server, tmp_path):
-    """Issue 35: https:// only by default; the message names the way out."""
+    """https:// only by default; the message names the way out."""
     publish_manifest(src_dir)
     e = run_module(checkpoint_fetch, {"src": http_server.base, "dest": str(tmp_path / "d")})
     assert e.failed and "plain http://" in e.result["msg"] and "checkpoint_allow_http" in e.result["msg"], e.result
