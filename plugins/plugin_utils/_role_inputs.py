@@ -91,21 +91,29 @@ _HIDDEN = '<hidden: no_log>'
 _SPEC_LOADER = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)
 
 
+def role_meta_files(name, roles_dir=None, roles=None):
+    """(role, path, data) of roles/<role>/meta/<name> for every role that has it, in name order.
+
+    `roles`: role names (without the collection prefix) to read; None or empty means all.
+    """
+    roles_dir = roles_dir or os.path.join(COLLECTION_ROOT, 'roles')
+    for role in sorted(os.listdir(roles_dir)):
+        if roles and role not in roles:
+            continue
+        path = os.path.join(roles_dir, role, 'meta', name)
+        if not os.path.isfile(path):
+            continue
+        with open(path) as handle:
+            yield role, path, yaml.load(handle, Loader=_SPEC_LOADER) or {}
+
+
 def load_role_options(roles_dir=None, roles=None):
     """{option name: spec dict (with 'role')} over the roles' argument specs (every entry point).
 
     `roles`: role names (without the collection prefix) to read; None or empty means all.
     """
-    roles_dir = roles_dir or os.path.join(COLLECTION_ROOT, 'roles')
     options = {}
-    for role in sorted(os.listdir(roles_dir)):
-        if roles and role not in roles:
-            continue
-        spec_file = os.path.join(roles_dir, role, 'meta', 'argument_specs.yml')
-        if not os.path.isfile(spec_file):
-            continue
-        with open(spec_file) as handle:
-            data = yaml.load(handle, Loader=_SPEC_LOADER) or {}
+    for role, _path, data in role_meta_files('argument_specs.yml', roles_dir, roles):
         for entry in (data.get('argument_specs') or {}).values():
             for name, spec in ((entry or {}).get('options') or {}).items():
                 if name not in options:
@@ -384,16 +392,8 @@ CHECK_KEYS = frozenset(('min', 'max', 'above', 'below', 'power_of_two', 'one_of'
 def load_role_checks(roles_dir=None, roles=None):
     """{option name: [check dict]} over roles/<role>/meta/checks.yml (`roles` as load_role_options).
     A check with a key this engine does not know, or a pattern not in PATTERNS, is an error."""
-    roles_dir = roles_dir or os.path.join(COLLECTION_ROOT, 'roles')
     checks = {}
-    for role in sorted(os.listdir(roles_dir)):
-        if roles and role not in roles:
-            continue
-        path = os.path.join(roles_dir, role, 'meta', _CHECKS_FILE)
-        if not os.path.isfile(path):
-            continue
-        with open(path) as handle:
-            data = yaml.load(handle, Loader=_SPEC_LOADER) or {}
+    for _role, path, data in role_meta_files(_CHECKS_FILE, roles_dir, roles):
         for name, entries in (data.get('checks') or {}).items():
             for entry in entries or []:
                 bad = sorted(set(entry) - CHECK_KEYS)

@@ -18,6 +18,7 @@ from ansible_collections.sparkops.appliance.plugins.plugin_utils._role_inputs im
     input_problems,
     load_role_checks,
     load_role_options,
+    role_meta_files,
 )
 
 OPTIONS = load_role_options()
@@ -177,12 +178,7 @@ def test_relations_read_the_other_option_from_the_values_or_its_literal_default(
 
 
 def test_the_data_files_use_known_keys_and_patterns_and_name_declared_options():
-    for role in sorted(os.listdir(os.path.join(COLLECTION_ROOT, 'roles'))):
-        path = os.path.join(COLLECTION_ROOT, 'roles', role, 'meta', 'checks.yml')
-        if not os.path.isfile(path):
-            continue
-        with open(path) as handle:
-            data = yaml.safe_load(handle)
+    for role, path, data in role_meta_files('checks.yml'):
         assert set(data) == {'checks'}, path
         declared = load_role_options(roles=[role])
         # a role whose lookup asks for 'common' too (cluster: a pair's spark_* names) may check those
