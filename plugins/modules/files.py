@@ -153,6 +153,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_bytes, to_native
 
 from ansible_collections.sparkops.appliance.plugins.module_utils._files import add_to_record, write_bytes
+from ansible_collections.sparkops.appliance.plugins.module_utils._owned import RECORD
 
 
 def _read(path, missing_only=False):
@@ -260,7 +261,7 @@ def main():
             )),
             read=dict(type="list", elements="path", default=[]),
             units=dict(type="list", elements="str", default=[]),
-            record=dict(type="path", default="/var/lib/sparkops/owned.json"),
+            record=dict(type="path", default=RECORD),
         ),
         supports_check_mode=True,
     )

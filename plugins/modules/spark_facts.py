@@ -231,6 +231,7 @@ from ansible_collections.sparkops.appliance.plugins.module_utils._meminfo import
 )
 from ansible_collections.sparkops.appliance.plugins.module_utils._owned import (
     LABEL,
+    RECORD,
     container_owner,
     foreign_message,
     path_owner,
@@ -431,7 +432,7 @@ def main():
                 unit_file=dict(type="str", default=""),
                 mode=dict(type="str", default=""),
             )),
-            owned_record=dict(type="path", default="/var/lib/sparkops/owned.json"),
+            owned_record=dict(type="path", default=RECORD),
         ),
         supports_check_mode=True,
     )
