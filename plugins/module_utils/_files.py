@@ -19,22 +19,35 @@ def write_bytes(module, path, data, mode=0o644, before_move=None, keep_dest_attr
 
     atomic_move renames within the directory (readers see the old or the new file, never half of
     one) and, with keep_dest_attrs, gives the new file an existing file's owner, mode and SELinux
-    context; `mode` applies to a new file. before_move(tmp), when given, runs on the complete temp
-    file before the rename (set attributes, validate; a fail_json there leaves the old file and no
-    temp file); attributes it sets survive the rename only with keep_dest_attrs=False.
+    context; `mode` applies to a new file (None: the caller sets it after the rename). before_move(tmp),
+    when given, runs on the complete temp file before the rename (set attributes, validate; a
+    fail_json there leaves the old file and no temp file); attributes it sets survive the rename only
+    with keep_dest_attrs=False.
+
+    A file atomic_move creates gets 0666 less the umask after the rename: the rename runs under
+    umask 077, so a new file is never readable by others, not even before its mode is set (a new
+    0600 environment file was 0644 for that moment).
     """
     directory = os.path.dirname(path) or "."
+    creating = not os.path.lexists(path)
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        if not os.path.exists(path):
+        if creating and mode is not None:
             os.chmod(tmp, mode)
         if before_move is not None:
             before_move(tmp)
-        module.atomic_move(tmp, path, keep_dest_attrs=keep_dest_attrs)
+        umask = os.umask(0o077) if creating else None
+        try:
+            module.atomic_move(tmp, path, keep_dest_attrs=keep_dest_attrs)
+        finally:
+            if umask is not None:
+                os.umask(umask)
+        if creating and mode is not None:
+            os.chmod(path, mode)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -222,8 +222,8 @@ def _file(module, entry, diffs):
                 module.fail_json(msg="%s: the new content fails validation (%s), the old file is kept: %s"
                                  % (path, entry["validate"], (err or out).strip()[-2000:]), rc=rc)
 
-    write_bytes(module, path, wanted, before_move=before_move, keep_dest_attrs=False)
-    # atomic_move gives a file it creates the umask's mode: set the entry's again.
+    write_bytes(module, path, wanted, mode=None, before_move=before_move, keep_dest_attrs=False)
+    # a file atomic_move creates is left 0600 (write_bytes): set the entry's mode again.
     module.set_fs_attributes_if_different(_attributes(module, entry, path), True)
     return True
 

@@ -81,6 +81,30 @@ def test_a_mode_only_change_is_applied(tmp_path):
     assert oct(os.stat(tmp_path / "etc" / "x" / "helper").st_mode & 0o777) == "0o700"
 
 
+def test_a_new_0600_file_is_never_readable_by_others(tmp_path, monkeypatch):
+    """The mode a new file has the moment the rename makes it visible, before the module sets the
+    entry's mode: no group or other bit for an 0600 file (atomic_move gives a file it creates
+    0666 less the umask)."""
+    from ansible.module_utils.basic import AnsibleModule
+    real_move = AnsibleModule.atomic_move
+    seen = {}
+
+    def watching_move(self, src, dest, *args, **kwargs):
+        real_move(self, src, dest, *args, **kwargs)
+        seen[dest] = os.stat(dest).st_mode & 0o777
+
+    monkeypatch.setattr(AnsibleModule, "atomic_move", watching_move)
+    old_umask = os.umask(0o022)
+    try:
+        env = str(tmp_path / "serve.env")
+        run_module([{"path": env, "content": "VLLM_API_KEY=k\n", "mode": "0600"}])
+        assert seen[env] & 0o077 == 0, oct(seen[env])
+        assert oct(os.stat(env).st_mode & 0o777) == "0o600"
+        assert os.umask(0o022) == 0o022          # the module left the process's umask as it was
+    finally:
+        os.umask(old_umask)
+
+
 def test_check_mode_tells_and_writes_nothing(tmp_path):
     result = run_module(entries(tmp_path), check=True)
     assert result["changed"] is True and len(result["changed_paths"]) == 3
