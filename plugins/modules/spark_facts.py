@@ -46,6 +46,16 @@ options:
     description: The nvidia-smi program.
     type: str
     default: nvidia-smi
+  driver_version_path:
+    description:
+      - The file that gives the loaded NVIDIA kernel module's version (C(580.95.05)); none loaded (no
+        file) reports an empty version. Tests and the lab may point it at a prepared file.
+    type: path
+    default: /sys/module/nvidia/version
+  kernel_release_path:
+    description: The file that gives the running kernel's release (C(uname -r)). Tests may point it at a prepared file.
+    type: path
+    default: /proc/sys/kernel/osrelease
   check_docker:
     description: Ask the Docker engine for its version with the docker CLI.
     type: bool
@@ -175,6 +185,16 @@ ansible_facts:
       description: What nvidia-smi reported (C(checked) false when I(check_gpu=false)).
       type: dict
       sample: {checked: true, present: true, names: ["GPU 0: NVIDIA GB10 (UUID: GPU-...)"], error: ""}
+    spark_driver_version:
+      description:
+        - The loaded NVIDIA driver's version, from O(driver_version_path); empty when no driver is loaded.
+          Read without the GPU, for preflight's known-bad check.
+      type: str
+      sample: "580.95.05"
+    spark_kernel_release:
+      description: The running kernel's release, from O(kernel_release_path).
+      type: str
+      sample: "6.17.0-1032-nvidia"
     spark_docker:
       description:
         - Whether a Docker engine answered, its version, and the names of the container runtimes it
@@ -268,6 +288,12 @@ def _gpu(module, check, program):
     if not result["present"]:
         result["error"] = "%s -L listed no GPU" % program
     return result
+
+
+def _first_line(path):
+    """The first line of a file, stripped; "" when it cannot be read."""
+    text = _read_text(path)
+    return text.strip().splitlines()[0].strip() if text and text.strip() else ""
 
 
 def _docker(module, check, program):
@@ -416,6 +442,8 @@ def main():
             disk_path=dict(type="path", default="/"),
             check_gpu=dict(type="bool", default=True),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
+            driver_version_path=dict(type="path", default="/sys/module/nvidia/version"),
+            kernel_release_path=dict(type="path", default="/proc/sys/kernel/osrelease"),
             check_docker=dict(type="bool", default=True),
             docker_bin=dict(type="str", default="docker"),
             python_modules=dict(type="list", elements="str", default=["requests"]),
@@ -453,6 +481,8 @@ def main():
         "spark_arch": platform.machine(),
         "spark_disk": _disk(p["disk_path"]),
         "spark_gpu": _gpu(module, p["check_gpu"], p["nvidia_smi"]),
+        "spark_driver_version": _first_line(p["driver_version_path"]),
+        "spark_kernel_release": _first_line(p["kernel_release_path"]),
         "spark_docker": _docker(module, p["check_docker"], p["docker_bin"]),
         "spark_python": _python(p["python_modules"]),
         "spark_package_files": _package_files(module, p["packages"]),

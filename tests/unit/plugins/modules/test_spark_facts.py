@@ -194,3 +194,20 @@ def test_the_default_marker_is_the_one_host_tuning_writes_and_finds(tmp_path, me
     facts = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False, "packages": [],
                         "sysctl_dir": str(sysctl_dir)})["ansible_facts"]
     assert facts["spark_sysctl_marked"] == [str(sysctl_dir / "90-sparkops.conf")]
+
+
+def test_reads_the_loaded_driver_and_the_kernel_release_without_a_gpu(tmp_path, meminfo):
+    (tmp_path / "nvidia-version").write_text("590.44.01\n")
+    (tmp_path / "osrelease").write_text("7.0.0-1019-nvidia\n")
+    facts = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False, "packages": [],
+                        "driver_version_path": str(tmp_path / "nvidia-version"),
+                        "kernel_release_path": str(tmp_path / "osrelease")})["ansible_facts"]
+    assert facts["spark_driver_version"] == "590.44.01"
+    assert facts["spark_kernel_release"] == "7.0.0-1019-nvidia"
+
+
+def test_no_driver_loaded_reads_as_empty_and_the_kernel_by_default_is_this_one(tmp_path, meminfo):
+    facts = run_module({"meminfo_path": str(meminfo), "check_gpu": False, "check_docker": False, "packages": [],
+                        "driver_version_path": str(tmp_path / "no-module")})["ansible_facts"]
+    assert facts["spark_driver_version"] == ""
+    assert facts["spark_kernel_release"] == os.uname().release
