@@ -37,7 +37,7 @@ One check may hold several of these keys; each failing key gives its own message
 
 - min, max (inclusive), above, below (exclusive): a number;
 - power_of_two: true;
-- one_of: allowed values, compared with their types (true is not 1);
+- one_of: allowed values, compared with their types (true is not 1); none_of: refused values;
 - min_length: least length of a string, list or mapping;
 - pattern: a name in PATTERNS (the one table of patterns); a string must match it whole, a list
   of strings each element; empty_ok: true lets "" pass;
@@ -54,7 +54,8 @@ One check may hold several of these keys; each failing key gives its own message
   when}; "--flag", "--flag=value" and vLLM's "--flag_name" spelling match;
 - refuse_keys (a mapping): entries {key: one or a list, owner, reason, when};
 - when: {option: value or [values]}: the check applies only when every option named has one of
-  its values; unless: {option: value or [values]}: it does not apply when every one has;
+  its values; unless: {option: value or [values]}: it does not apply when every one has (a list
+  of such mappings: it does not apply when one of them holds);
 - reason (why the bound, shown with it), fix (the fix; a default one is written otherwise).
 
 The other options a check names are read from the host's variables, else from their literal
@@ -383,7 +384,7 @@ _RELATIONS = {
     'less_than': (lambda a, b: a < b, 'below'),
     'at_most': (lambda a, b: a <= b, 'at most'),
 }
-CHECK_KEYS = frozenset(('min', 'max', 'above', 'below', 'power_of_two', 'one_of', 'min_length', 'pattern', 'empty_ok',
+CHECK_KEYS = frozenset(('min', 'max', 'above', 'below', 'power_of_two', 'one_of', 'none_of', 'min_length', 'pattern', 'empty_ok',
                         'key_pattern', 'value_pattern', 'values', 'regex', 'fields', 'only_fields', 'greater_than',
                         'at_least', 'less_than', 'at_most', 'equal_to', 'differs_from', 'not_directly_in', 'file_pattern',
                         'refuse_flags', 'refuse_keys', 'when', 'unless', 'reason', 'fix'))
@@ -452,8 +453,9 @@ def _applies(check, resolve):
         holds = _condition(check['when'], resolve)
         if not holds:
             return False
-    if check.get('unless'):
-        holds = _condition(check['unless'], resolve)
+    unless = check.get('unless')
+    for spec in (unless if isinstance(unless, list) else [unless] if unless else []):
+        holds = _condition(spec, resolve)
         if holds is None or holds:
             return False
     return True
@@ -589,6 +591,8 @@ def _text_checks(check, value):
                 break
     if check.get('one_of') is not None and not any(_same(value, item) for item in check['one_of']):
         out.append(('not one of %s' % ', '.join(show(item) for item in check['one_of']), 'choose one of them'))
+    if check.get('none_of') is not None and any(_same(value, item) for item in check['none_of']):
+        out.append(('one of the values refused here (%s)' % ', '.join(show(item) for item in check['none_of']), 'choose another value'))
     return out
 
 

@@ -29,7 +29,7 @@ def load(path):
 
 
 LAB = load(LAB_FILE)
-EXAMPLE = load(os.path.join(ROOT, "inventories", "example", "group_vars", "sparks.yml"))
+EXAMPLE = load(os.path.join(ROOT, "inventories", "example", "group_vars", "sparks", "main.yml"))
 BASE = load(os.path.join(ROOT, ".config", "molecule", "config.yml"))
 
 

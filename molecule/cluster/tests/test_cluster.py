@@ -4,6 +4,7 @@ ends the head's server, a converge names it, starting it again serves again with
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -11,6 +12,8 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(PROJECT, "tests", "support"))
+from lab_key import curl_auth  # noqa: E402 (tests/support is put on the path just above)
 CONVERGE = os.path.join(os.path.dirname(HERE), "converge.yml")
 CHECK_NODES = os.path.join(PROJECT, "roles", "cluster", "files", "cluster-nodes.py")
 CHECKER = os.path.join(PROJECT, "roles", "serve", "files", "vllm_check_args.py")
@@ -36,8 +39,8 @@ def _nodes(host, want=2, timeout_s=5):
 
 
 def _complete(host, prompt="hello"):
-    cmd = ("curl -fsS --max-time 120 %s/v1/completions -H 'Content-Type: application/json' -d '%s'"
-           % (BASE, json.dumps({"model": "tiny-llama", "prompt": prompt, "max_tokens": 4})))
+    cmd = ("curl -fsS --max-time 120 %s/v1/completions %s -H 'Content-Type: application/json' -d '%s'"
+           % (BASE, curl_auth(), json.dumps({"model": "tiny-llama", "prompt": prompt, "max_tokens": 4})))
     return json.loads(host.check_output(cmd))
 
 

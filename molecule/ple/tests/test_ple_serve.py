@@ -10,11 +10,14 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 
 import pytest
 
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.getcwd())
+sys.path.insert(0, os.path.join(PROJECT, "tests", "support"))
+from lab_key import auth_header  # noqa: E402 (tests/support is put on the path just above)
 SCENARIO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARK = "sparkops-molecule-ple"
 SERVER = "sparkops-vllm-" + SPARK
@@ -36,6 +39,7 @@ def docker(*args, timeout=120):
 def request(port, body, timeout=120):
     """POST /v1/completions from inside the Spark (the servers share its network)."""
     out = docker("exec", SPARK, "curl", "-sS", "--max-time", str(timeout), "-H", "Content-Type: application/json",
+                 "-H", "Authorization: " + auth_header()["Authorization"],
                  "-d", json.dumps(body), "http://127.0.0.1:%d/v1/completions" % port, timeout=timeout + 10)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)

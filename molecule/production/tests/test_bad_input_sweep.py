@@ -171,6 +171,9 @@ CASES = [
     ("serve-env-api-key", {"serve_env": {"VLLM_API_KEY": "k"}}, "serve_env"),
     ("extra-args-swap-space", {"serve_extra_args": ["--swap-space", "16"]}, "serve_extra_args"),
     ("memwatch-interval-too-rare", {"memwatch_interval_s": 60}, "memwatch_interval_s"),
+    # closed by default: no key on a wildcard bind (behind a gateway too: the server must bind the address it uses)
+    ("empty-api-key-wildcard-bind", {"serve_api_key": ""}, "serve_api_key"),
+    ("empty-api-key-gateway-wildcard-bind", {"serve_api_key": "", "serve_behind_gateway": True}, "serve_bind_host"),
 ]
 
 if ONLY:

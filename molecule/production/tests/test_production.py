@@ -5,6 +5,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 
 import testinfra.utils.ansible_runner
@@ -12,6 +13,8 @@ from test_args_memo import _memo, _parser_result, _task_status   # this folder i
 
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.getcwd())
+sys.path.insert(0, os.path.join(PROJECT, "tests", "support"))
+from lab_key import curl_auth  # noqa: E402 (tests/support is put on the path just above)
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("all")
 
 UNIT = "sparkops-serve"          # spark_serve_unit_name's default (roles/common)
@@ -81,11 +84,21 @@ def test_jemalloc_present(host):
     assert re.search(r"libjemalloc\.so\.2 .*=> /", libs)
 
 
+def test_the_api_is_closed_without_the_key(host):
+    """The example inventory's key (from its vault; the lab's override file) is required on /v1:
+    without it, or with another, vLLM answers 401; /health stays open for the probes."""
+    code = "curl -s -o /dev/null -w '%{http_code}' --max-time 30 "
+    assert host.check_output(code + "http://127.0.0.1:8000/v1/models") == "401"
+    assert host.check_output(code + "-H 'Authorization: Bearer wrong' http://127.0.0.1:8000/v1/models") == "401"
+    assert host.check_output(code + curl_auth() + " http://127.0.0.1:8000/v1/models") == "200"
+    assert host.check_output(code + "http://127.0.0.1:8000/health") == "200"
+
+
 def test_the_whole_flow_serves_the_model(host):
     # site.yml fetched the checkpoint, planned, built the runtime image and started the unit.
     assert host.service(UNIT).is_running
     out = host.check_output(
-        "curl -sf http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' "
+        "curl -sf http://127.0.0.1:8000/v1/completions " + curl_auth() + " -H 'Content-Type: application/json' "
         "-d '{\"model\": \"tiny-llama\", \"prompt\": \"hello\", \"max_tokens\": 4}'")
     body = json.loads(out)
     assert body["choices"][0]["finish_reason"] == "length"

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -21,6 +22,8 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIO = os.path.dirname(HERE)
 PROJECT = os.path.dirname(os.path.dirname(SCENARIO))
+sys.path.insert(0, os.path.join(PROJECT, "tests", "support"))
+from lab_key import auth_header  # noqa: E402 (tests/support is put on the path just above)
 ROLLOUT = os.path.join(PROJECT, "playbooks", "rollout.yml")
 HOSTS = ["sparkops-molecule-rollout-%d" % n for n in (1, 2, 3)]
 UNIT_FILE = "/etc/systemd/system/sparkops-serve.service"
@@ -81,7 +84,7 @@ def unit_image(host):
 
 def request(url, body=None, timeout=60):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers=dict(auth_header(), **{"Content-Type": "application/json"}))
     with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (lab addresses)
         return resp.status, resp.read()
 

@@ -4,6 +4,7 @@ vLLM checks the line, and a start that vLLM refuses fails the play at once with 
 import json
 import os
 import subprocess
+import sys
 import time
 
 import yaml
@@ -14,6 +15,8 @@ BASE = "http://127.0.0.1:8000"
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONVERGE = os.path.join(os.path.dirname(HERE), "converge.yml")
 PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(PROJECT, "tests", "support"))
+from lab_key import curl_auth  # noqa: E402 (tests/support is put on the path just above)
 CHECKER = os.path.join(PROJECT, "roles", "serve", "files", "vllm_check_args.py")
 with open(os.path.join(os.path.dirname(HERE), "molecule.yml"), encoding="utf-8") as _f:
     SPARKS = yaml.safe_load(_f)["provisioner"]["inventory"]["group_vars"]["sparks"]
@@ -25,7 +28,7 @@ def _flat(r):
 
 
 def _curl(host, path, data=None):
-    cmd = "curl -fsS --max-time 60 %s%s" % (BASE, path)
+    cmd = "curl -fsS --max-time 60 %s %s%s" % (curl_auth(), BASE, path)
     if data is not None:
         cmd += " -H 'Content-Type: application/json' -d '%s'" % json.dumps(data)
     out = host.check_output(cmd)

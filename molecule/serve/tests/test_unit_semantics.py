@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import time
 
 import pytest
@@ -29,6 +30,8 @@ DROPIN_DIR = "/run/systemd/system/%s.d"
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONVERGE = os.path.join(os.path.dirname(HERE), "converge.yml")
 PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(PROJECT, "tests", "support"))
+from lab_key import curl_auth  # noqa: E402 (tests/support is put on the path just above)
 HEALTH_TIMEOUT_S = 400
 
 
@@ -108,8 +111,8 @@ def ensure_serving(host, attempts=3):
 def warm_up(host):
     """A short first request: the lab's vLLM 0.32 CPU build kills its engine when the first request
     after a start is some other prompt (reproduced with plain docker run). True when it answered."""
-    return host.run("curl -fsS --max-time 60 -o /dev/null -H 'Content-Type: application/json' -d '%s' %s/v1/completions"
-                    % (json.dumps({"model": "tiny-llama", "prompt": "hello", "max_tokens": 4}), BASE)).rc == 0
+    return host.run("curl -fsS --max-time 60 -o /dev/null %s -H 'Content-Type: application/json' -d '%s' %s/v1/completions"
+                    % (curl_auth(), json.dumps({"model": "tiny-llama", "prompt": "hello", "max_tokens": 4}), BASE)).rc == 0
 
 
 def stop_server(host):
@@ -261,9 +264,9 @@ def test_recycle_waits_while_requests_run_and_gives_up_at_the_bound(host):
     # default sampling: the lab's vLLM 0.32 CPU build kills its engine on greedy or seeded sampling
     body = json.dumps({"model": "tiny-llama", "prompt": "The spark", "max_tokens": 1000, "ignore_eos": True})
     script = ("for w in $(seq %d); do (n=0; while [ ! -e /tmp/load/stop ]; do n=$((n+1)); "
-              "curl -sS --max-time 600 -o /tmp/load/$w-$n.json -H 'Content-Type: application/json' "
+              "curl -sS --max-time 600 -o /tmp/load/$w-$n.json %s -H 'Content-Type: application/json' "
               "-d '%s' %s/v1/completions || { echo \"$w-$n: curl exit $?\" >> /tmp/load/errors; sleep 1; }; done) & done; wait"
-              % (LOAD_WORKERS, body, BASE))
+              % (LOAD_WORKERS, curl_auth(), body, BASE))
     set_dropin(host, RECYCLE, "[Service]\nEnvironment=SPARKOPS_RECYCLE_DRAIN_TIMEOUT_S=%d SPARKOPS_RECYCLE_POLL_S=1\n" % DRAIN_S)
     inv = prop(host, SVC, "InvocationID")
     container = host.check_output("docker inspect -f '{{.Id}}' %s" % CONTAINER)

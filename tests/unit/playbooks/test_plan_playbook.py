@@ -42,7 +42,7 @@ def example_inputs(host_vars):
 @pytest.fixture(scope='module')
 def example_vars():
     base = os.path.join(ROOT, 'inventories', 'example', 'group_vars')
-    with open(os.path.join(base, 'sparks.yml')) as handle:
+    with open(os.path.join(base, 'sparks', 'main.yml')) as handle:
         sparks = yaml.safe_load(handle)
     with open(os.path.join(base, 'pair_a.yml')) as handle:
         pair = yaml.safe_load(handle)

@@ -195,8 +195,10 @@ def test_the_data_files_use_known_keys_and_patterns_and_name_declared_options():
                     if key in entry:
                         assert entry[key] in OPTIONS, (path, name, entry[key])
                 for key in ('when', 'unless'):
-                    for other in (entry.get(key) or {}):
-                        assert other in OPTIONS, (path, name, other)
+                    conditions = entry.get(key) or {}
+                    for condition in (conditions if isinstance(conditions, list) else [conditions]):
+                        for other in condition:
+                            assert other in OPTIONS, (path, name, other)
     assert 'unit_name' in PATTERNS and PATTERNS['unit_file_name'][0].startswith(PATTERNS['unit_name'][0])
 
 
@@ -214,23 +216,33 @@ def test_an_unknown_key_or_pattern_in_the_data_is_an_error(tmp_path):
         load_role_checks(roles_dir=str(tmp_path))
 
 
-def _literal_values(path):
+def _literal_values(path, everything=False):
+    """The values in path that are no template; only role options unless everything."""
     with open(os.path.join(COLLECTION_ROOT, path)) as handle:
         return {name: value for name, value in (yaml.safe_load(handle) or {}).items()
-                if '{{' not in str(value) and name in OPTIONS}
+                if '{{' not in str(value) and (everything or name in OPTIONS)}
 
 
-def test_the_literal_defaults_the_example_and_the_lab_pass_their_checks():
-    """What the roles, the example inventory, the lab and the serve scenario set is never refused
-    (the lab's --distributed-executor-backend uni on a single Spark, VLLM_ENABLE_V1_MULTIPROCESSING)."""
+def test_the_literal_defaults_the_example_and_the_lab_pass_their_checks_but_the_missing_key():
+    """What the lab and the serve scenario set is never refused (the lab's --distributed-executor-backend
+    uni on a single Spark, VLLM_ENABLE_V1_MULTIPROCESSING); the roles' defaults and the example
+    inventory only for want of an API key."""
     defaults = {}
     for role in sorted(os.listdir(os.path.join(COLLECTION_ROOT, 'roles'))):
         if os.path.isfile(os.path.join(COLLECTION_ROOT, 'roles', role, 'defaults', 'main.yml')):
             defaults.update(_literal_values(os.path.join('roles', role, 'defaults', 'main.yml')))
-    assert input_problems(defaults, OPTIONS, CHECKS) == []
-    example = dict(defaults, **_literal_values('inventories/example/group_vars/sparks.yml'))
-    assert input_problems(example, OPTIONS, CHECKS) == []
+    # closed by default: the roles' defaults and the example as shipped (its vault.yml's key empty)
+    # are refused for the one reason, the API key on a wildcard bind, and the fix names the vault
+    closed = input_problems(defaults, OPTIONS, CHECKS)
+    assert len(closed) == 1 and closed[0].startswith("serve_api_key = <hidden: no_log>: empty") and "vault_serve_api_key" in closed[0]
+    example = dict(defaults, **_literal_values('inventories/example/group_vars/sparks/main.yml'))
+    vault = _literal_values('inventories/example/group_vars/sparks/vault.yml', everything=True)
+    assert vault == {'vault_serve_api_key': ''}
+    example['serve_api_key'] = vault['vault_serve_api_key']
+    assert input_problems(example, OPTIONS, CHECKS) == closed
+    overrides = _literal_values('inventories/lab/group_vars/sparks/lab_overrides.yml', everything=True)
     lab = dict(example, **_literal_values('inventories/lab/group_vars/sparks/lab_overrides.yml'))
+    lab['serve_api_key'] = overrides['vault_serve_api_key']
     assert lab['serve_extra_args'] == ['--enforce-eager', '--distributed-executor-backend', 'uni']
     assert input_problems(lab, OPTIONS, CHECKS) == []
     with open(os.path.join(COLLECTION_ROOT, 'molecule', 'serve', 'molecule.yml')) as handle:

@@ -24,6 +24,14 @@ CASES = [
     ("extra-args-underscore", {"serve_extra_args": ["--max_model_len=2048"]}, "serve_extra_args"),
     ("health-delay-above-timeout", {"serve_health_delay_s": 100, "serve_health_timeout_s": 50}, "serve_health_delay_s"),
     ("memwatch-free-above-available", {"memwatch_available_and_free_free_lt_gib": 12}, "memwatch_available_and_free_free_lt_gib"),
+    ("empty-api-key-wildcard-bind", {"serve_api_key": ""}, "serve_api_key"),
+    ("empty-api-key-gateway-wildcard-bind", {"serve_api_key": "", "serve_behind_gateway": True}, "serve_bind_host"),
+]
+# Closed by default, and the two ways to run without a key that stay open: loopback only, or a
+# gateway as the only way in with the server on the one address it reaches.
+OPEN_WITHOUT_KEY = [
+    ("empty-api-key-loopback", {"serve_api_key": "", "serve_bind_host": "127.0.0.1"}),
+    ("empty-api-key-gateway-address", {"serve_api_key": "", "serve_behind_gateway": True, "serve_bind_host": "10.10.0.1"}),
 ]
 PLAN = {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_gib": 1,
         "inputs": {"tensor_parallel_size": 1, "max_model_len": 1024, "max_num_seqs": 4, "max_num_batched_tokens": 1024,
@@ -53,18 +61,28 @@ def _literal(path):
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("checks-as-data")
-    base = dict(_literal("inventories/example/group_vars/sparks.yml"),
+    base = dict(_literal("inventories/example/group_vars/sparks/main.yml"),
                 **_literal("inventories/lab/group_vars/sparks/lab_overrides.yml"))
-    base.update(spark_memory_plan=PLAN, ansible_facts={"architecture": "aarch64"})
+    # the example's key comes from its vault (a template _literal leaves out); the lab's override
+    # file sets vault_serve_api_key
+    example_key = yaml.safe_load(open(os.path.join(ROOT, "inventories/example/group_vars/sparks/main.yml")))["serve_api_key"]
+    assert example_key == "{{ vault_serve_api_key }}" and base["vault_serve_api_key"]
+    base.update(spark_memory_plan=PLAN, ansible_facts={"architecture": "aarch64"}, serve_api_key=example_key)
     assert base["serve_extra_args"] == ["--enforce-eager", "--distributed-executor-backend", "uni"]
     hosts = {case_id: dict(base, **extra) for case_id, extra, _var in CASES}
     hosts["good"] = base
+    hosts.update((case_id, dict(base, **extra)) for case_id, extra in OPEN_WITHOUT_KEY)
     (tmp / "play.yml").write_text(PLAY)
     return play_json(tmp / "play.yml", inventory=batch_inventory(tmp, hosts))
 
 
 def test_the_lab_values_pass(doc):
     assert host_results(doc, "good") and host_failure(doc, "good") is None
+
+
+@pytest.mark.parametrize("case_id", [c[0] for c in OPEN_WITHOUT_KEY])
+def test_no_key_passes_on_loopback_or_behind_a_gateway(doc, case_id):
+    assert host_results(doc, case_id) and host_failure(doc, case_id) is None
 
 
 def test_the_sweep_holds_these_cases():

@@ -171,7 +171,9 @@ def run(tmp_path_factory):
     # site.yml validates after gathering facts (the jemalloc path names the architecture)
     doc = play_json(tmp_path / "play.yml", inventory=EXAMPLE, args=["-i", inventory],
                     extra_vars={"ansible_python_interpreter": sys.executable,
-                                "ansible_facts": {"architecture": "aarch64"}})
+                                "ansible_facts": {"architecture": "aarch64"},
+                                # a user's key in the example's vault.yml (shipped empty, and refused so)
+                                "vault_serve_api_key": "k-example"})
     return doc, out_dir
 
 

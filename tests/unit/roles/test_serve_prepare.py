@@ -85,7 +85,7 @@ def fixture_run(tmp_path_factory):
             "serve_model_path": "/srv/sparkops/models/m", "serve_config_dir": str(case / "etc"),
             "serve_state_dir": str(case / "state"), "serve_cache_dir": str(case / "cache"),
             "serve_report_path": str(case / "report" / "plan-vs-actual.json"),
-            "serve_jemalloc": False, "serve_ple_file": "",
+            "serve_jemalloc": False, "serve_ple_file": "", "serve_bind_host": "127.0.0.1",
         }, **extra)
     (base / "play.yml").write_text(yaml.safe_dump(PLAY, sort_keys=False))
     env = ansible_env(PATH=str(bin_dir) + os.pathsep + os.environ["PATH"], FAKE_LOG_DIR=str(base))

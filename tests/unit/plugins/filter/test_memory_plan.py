@@ -12,7 +12,7 @@ from ansible_collections.sparkops.appliance.plugins.filter.memory_plan import (
 
 GIB = 2 ** 30
 
-# SPEC section 3, the golden case (inventories/example/group_vars/sparks.yml carries it too).
+# SPEC section 3, the golden case (inventories/example/group_vars/sparks/main.yml carries it too).
 GOLDEN = {
     'weight_bytes': 101382703022,  # (71.75 + 22.67) GiB
     'ple_gib': 22.67,
