@@ -2,8 +2,9 @@
 wrong type (roles/rollout/meta/argument_specs.yml, through the preflight's check of every role's
 options) and a value out of range (roles/rollout/meta/checks.yml, read by the same check; the drain
 hook's file by roles/rollout/tasks/validate.yml). No fact is gathered, no host
-is touched, the batch play never starts. One ansible-playbook start per kind (the first play stops
-every host at the first failed task: any_errors_fatal), each host of it a case on this machine."""
+is touched, the batch play never starts. One ansible-playbook start per failing task (the first play
+stops every host at the first failed task: any_errors_fatal): the types and the bounds fail the same
+task (the preflight's check), the hook a later one; each host of a start a case on this machine."""
 import os
 
 import pytest
@@ -36,14 +37,20 @@ CASES = {
 }
 
 
+# the kinds whose hosts share a start: they fail in the same task, so none stops another before its own refusal
+STARTS = [("types", "bounds"), ("hook",)]
+
+
 @pytest.fixture(name="runs", scope="module")
 def fixture_runs(tmp_path_factory):
-    """{kind: the JSON callback's document of rollout.yml on that kind's hosts}."""
+    """{kind: the JSON callback's document of rollout.yml on the hosts of that kind's start}."""
+    assert sorted(kind for kinds in STARTS for kind in kinds) == sorted(CASES)
     runs = {}
-    for kind, hosts in CASES.items():
-        tmp_path = tmp_path_factory.mktemp(kind)
-        inventory = batch_inventory(tmp_path, {name: values for name, (values, _msg) in hosts.items()})
-        runs[kind] = play_json(ROLLOUT, inventory=inventory, connection=None)
+    for kinds in STARTS:
+        tmp_path = tmp_path_factory.mktemp("-".join(kinds))
+        hosts = {name: values for kind in kinds for name, (values, _msg) in CASES[kind].items()}
+        doc = play_json(ROLLOUT, inventory=batch_inventory(tmp_path, hosts), connection=None)
+        runs.update((kind, doc) for kind in kinds)
     return runs
 
 
