@@ -58,6 +58,20 @@ def versions(host):
     return dict(line.split("=", 1) for line in out.splitlines())
 
 
+def selections(host):
+    """dpkg's selection of each pinned package: "hold" once the role held it."""
+    out = host.check_output("dpkg --get-selections %s %s" % (DRIVER, " ".join(TOOLKIT)))
+    return dict(line.split() for line in out.splitlines())
+
+
+HELD = dict({DRIVER: "hold"}, **{name: "hold" for name in TOOLKIT})
+
+
+def held_items(run, task="Hold the pinned packages where they are"):
+    """The loop labels of a holds task that changed something: the packages it (would have) held or released."""
+    return sorted(r["_ansible_item_label"] for r in run.tasks[task].get("results", []) if r.get("changed"))
+
+
 def engine_start(host):
     """The engine process and its start time (clock ticks since boot): changes exactly when it restarts."""
     pid = host.check_output("systemctl show -p MainPID --value docker.service").strip()
@@ -83,6 +97,19 @@ def test_converge_installed_the_pins_not_the_newest(host):
     assert "Candidate: 580.95.05-0ubuntu1" in host.check_output("apt-cache policy %s" % DRIVER)
 
 
+def test_converge_held_every_pinned_package(host):
+    assert selections(host) == HELD
+
+
+def test_apt_upgrade_leaves_the_held_pins_where_they_are(host):
+    # The repository holds newer stand-ins of every pinned package (580.95.05, 1.18.1-1): apt's candidates.
+    host.run_expect([0], "apt-get update -q")
+    upgrade = host.run_expect([0], "DEBIAN_FRONTEND=noninteractive apt-get upgrade -y -q")
+    assert "kept back" in upgrade.stdout and DRIVER in upgrade.stdout, upgrade.stdout
+    assert versions(host) == dict({DRIVER: "580.65.06-0ubuntu1"}, **{name: "1.18.0-1" for name in TOOLKIT})
+    assert selections(host) == HELD
+
+
 def test_daemon_json_has_the_runtime_and_every_other_key(host):
     assert daemon_json(host) == dict(LAB_SETTINGS, runtimes={"nvidia": NVIDIA})
     runtimes = json.loads(host.check_output("docker info --format '{{json .Runtimes}}'"))
@@ -106,6 +133,9 @@ def test_check_mode_shows_the_daemon_json_diff_and_changes_nothing(host):
     assert run.ran("Reboot for the new driver (drivers_reboot_allowed)"), run
     assert spark_started_at() == started
     assert versions(host)[DRIVER] == "580.65.06-0ubuntu1"
+    # The release the move needs is reported, not made: the driver stays held.
+    assert held_items(run, "Release the holds of the pinned packages about to move (or of all, with holds off)") == [DRIVER], run
+    assert selections(host) == HELD
     diff = run.tasks["Register the NVIDIA runtime in daemon.json"]["diff"]
     assert json.loads(diff["after"]) == dict(LAB_SETTINGS, runtimes={"nvidia": NVIDIA})
     assert diff["before"] == before
@@ -137,16 +167,25 @@ def test_a_broken_daemon_json_is_refused_and_left_untouched(host):
 
 
 def test_a_newer_toolkit_is_left_alone_unless_forced(host):
-    host.run_expect([0], "DEBIAN_FRONTEND=noninteractive apt-get install -y -q %s" % " ".join(n + "=1.18.1-1" for n in TOOLKIT))
+    # Moved past the pins by hand, through the holds (apt drops a hold it was allowed to change).
+    host.run_expect([0], "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-change-held-packages %s"
+                    % " ".join(n + "=1.18.1-1" for n in TOOLKIT))
+    assert {name: selections(host)[name] for name in TOOLKIT} == {name: "install" for name in TOOLKIT}
     run = Run()
-    assert run.rc == 0 and run.stats["changed"] == 0, run
+    assert run.rc == 0 and not run.tasks["Install the pinned container toolkit"].get("changed"), run
     assert "nvidia-container-toolkit 1.18.1-1 is installed, newer than the pin 1.18.0-1: left alone" in run.messages
     assert {name: versions(host)[name] for name in TOOLKIT} == {name: "1.18.1-1" for name in TOOLKIT}
+    assert held_items(run) == sorted(name + " 1.18.1-1" for name in TOOLKIT), run     # held where they are
+    assert selections(host) == HELD
+    run = Run()
+    assert run.rc == 0 and run.stats["changed"] == 0, run
 
     run = Run("-e", '{"drivers_force": true}')
     assert run.rc == 0 and run.tasks["Install the pinned container toolkit"]["changed"], run
     assert {name: versions(host)[name] for name in TOOLKIT} == {name: "1.18.0-1" for name in TOOLKIT}
     assert "reboot required" not in run.messages          # only the toolkit moved
+    assert held_items(run) == sorted(name + " 1.18.0-1" for name in TOOLKIT), run
+    assert selections(host) == HELD
 
 
 def test_a_driver_change_reports_reboot_required_and_does_not_reboot(host):
@@ -158,6 +197,24 @@ def test_a_driver_change_reports_reboot_required_and_does_not_reboot(host):
     assert "580.65.06-0ubuntu1 -> 580.95.05-0ubuntu1" in run.messages
     assert not run.ran("Reboot for the new driver (drivers_reboot_allowed)")
     assert spark_started_at() == started
+    # The pin moved through its hold: released, installed, held again (the run summary lists both).
+    assert held_items(run, "Release the holds of the pinned packages about to move (or of all, with holds off)") == [DRIVER], run
+    assert held_items(run) == [DRIVER + " 580.95.05-0ubuntu1"], run
+    assert selections(host) == HELD
+    # ... and a later apt upgrade leaves the new pin where it is, and the toolkit at its pin (1.18.1-1 is a candidate).
+    host.run_expect([0], "DEBIAN_FRONTEND=noninteractive apt-get upgrade -y -q")
+    assert versions(host) == dict({DRIVER: "580.95.05-0ubuntu1"}, **{name: "1.18.0-1" for name in TOOLKIT})
+
+
+def test_with_holds_off_the_holds_are_released_and_come_back_when_on(host):
+    run = Run("-e", '{"drivers_hold_packages": false}')
+    assert run.rc == 0, run
+    assert selections(host) == {name: "install" for name in HELD}
+    run = Run("-e", '{"drivers_hold_packages": false}')
+    assert run.rc == 0 and run.stats["changed"] == 0, run
+    run = Run("-e", '{"drivers_driver_version": "580.95.05-0ubuntu1"}')
+    assert run.rc == 0 and held_items(run) == sorted([DRIVER + " 580.95.05-0ubuntu1"] + [n + " 1.18.0-1" for n in TOOLKIT]), run
+    assert selections(host) == HELD
 
 
 def test_without_a_gpu_by_default_nothing_is_managed(host):
