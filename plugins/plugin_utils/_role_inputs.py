@@ -35,7 +35,7 @@ in them: Ansible validates that file's keys). It maps option names to a list of 
 One check may hold several of these keys; each failing key gives its own message
 "<var> = <value>: <what is wrong, what is allowed>. Fix: <fix>.":
 
-- min, max (inclusive), above, below (exclusive): a number;
+- min, max (inclusive), above, below (exclusive): a number, or each number of a list;
 - power_of_two: true;
 - one_of: allowed values, compared with their types (true is not 1); none_of: refused values;
 - min_length: least length of a string, list or mapping;
@@ -673,6 +673,10 @@ def check_problems(name, value, checks, spec=None, resolve=None):
         if any(check.get(key) is not None for key in _NUMBER_KEYS) and number is not None:
             for problem, fix in _number_checks(check, number):
                 say(problem, fix, check)
+        elif any(check.get(key) is not None for key in _NUMBER_KEYS) and isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                for problem, fix in _number_checks(check, _as_number(item)) if _as_number(item) is not None else []:
+                    say('element [%d] (%s) is %s' % (index, show(item), problem), fix, check)
         for problem, fix in _text_checks(check, value):
             say(problem, fix, check)
         for problem, fix in _relation_checks(check, name, value, resolve):

@@ -100,53 +100,84 @@ def test_head_serves_tp2_over_ray_and_vllm_parses_the_line(host):
 
 MGMT = {HEAD: "172.31.252.11", WORKER: "172.31.252.12"}   # molecule.yml: the management network (eth1)
 PROBE = """
-import socket, sys
-s = socket.socket()
-s.settimeout(3)
-try:
-    s.connect((sys.argv[1], int(sys.argv[2])))
-    print("open")
-except socket.timeout:
-    print("no answer")
-except OSError as e:
-    print("refused" if e.errno == 111 else "error %s" % e)
+import json, socket, sys, threading
+out = {}
+
+def probe(port):
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((sys.argv[1], port))
+        out[port] = "open"
+    except socket.timeout:
+        out[port] = "no answer"
+    except OSError as e:
+        out[port] = "refused" if e.errno == 111 else "error %s" % e
+    finally:
+        s.close()
+
+threads = [threading.Thread(target=probe, args=(int(p),)) for p in sys.argv[2:]]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps(out))
 """
 
 
 def _probe(from_node, address, port):
     """Connect from a lab Spark (its network namespace is its Ray container's) to address:port."""
-    r = subprocess.run(["docker", "exec", "-i", from_node, "python3", "-", address, str(port)], input=PROBE,
-                       capture_output=True, text=True, timeout=60, check=False)
-    return r.stdout.strip()
+    return _probe_many(from_node, address, [port])[port]
 
 
-def test_ray_answers_on_the_interconnect_only(host):
-    """Ray 2.60 listens on 0.0.0.0 whatever --node-ip-address says (docs/cluster.md); the cluster
-    role's nftables table lets its ports answer only on the interconnect (eth0 here) and loopback.
-    Probed from the other node: the interconnect address answers, the management one does not,
-    while a port outside Ray's set on that management address does (so the path itself is up)."""
+def _probe_many(from_node, address, ports):
+    """{port: open, no answer, refused or error ...} for address:port from a lab Spark, all at once."""
+    r = subprocess.run(["docker", "exec", "-i", from_node, "python3", "-", address] + [str(p) for p in ports], input=PROBE,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    return {int(k): v for k, v in json.loads(r.stdout).items()}
+
+
+ALLOWED = {HEAD: {22, 8000, 9100}, WORKER: {22, 9100}}   # cluster_firewall_allow_tcp, and the head's serve_port
+
+
+def test_every_port_but_the_allowed_ones_is_closed_on_the_management_network(host):
+    """Ray 2.60 (GCS, raylet, agents, workers, the client server on 10001) and vLLM's tensor-parallel
+    listeners (TCPStore, NCCL bootstrap, ZMQ) bind 0.0.0.0; Linux takes a packet for any local
+    address on any interface. The cluster role's nftables table is an allow-list on every interface
+    but the interconnect (eth0 here) and loopback. Probed from the other node while the pair serves:
+    every listening port answers on the interconnect address; on the management address only the
+    allowed ones do (the head's server among them), every other one gives no answer, a listener
+    started for the test too; an allowed port with nothing behind it is refused (the path is up)."""
     name = _name(host)
     other = WORKER if name == HEAD else HEAD
     assert IPS[name] in host.check_output("ip -o -4 addr show dev eth0")      # eth0 is the interconnect
+    if name == HEAD:
+        assert _wait(lambda: host.run("curl -fsS --max-time 5 %s/health" % BASE).rc == 0, 600, step_s=10)
     out = host.check_output("docker exec %s-ray ss -ltnH" % name)
     local = [line.split()[3] for line in out.splitlines() if line.strip()]
     others = [a for a in local if not a.startswith((IPS[name] + ":", "127.0.0.", "0.0.0.0:", "*:", "[::]:"))]
     assert others == []
     assert not any(a.endswith((":8265", ":52365")) for a in local)   # dashboard and job API are off
+    ports = sorted({int(a.rsplit(":", 1)[1]) for a in local if not a.startswith(("127.0.0.", "[::1]:"))})
+    ray_port = 6379 if name == HEAD else 6380                             # the GCS; the worker's raylet
+    assert ray_port in ports, ports
+    if name == HEAD:
+        assert {10001, 8000} <= set(ports), ports          # Ray's client server; the server
+        assert len(ports) > 10, ports                       # with vLLM's own listeners beside Ray's
     table = host.check_output("nft list table inet sparkops_ray")
-    assert 'iifname != { "lo", "eth0" }' in table and "10002-10999" in table
-    port = 6379 if name == HEAD else 6380                                 # the GCS; the worker's raylet
-    assert any(a.endswith(":%d" % port) for a in local)
-    assert _probe(other, IPS[name], port) == "open"
-    assert _probe(other, MGMT[name], port) == "no answer"
+    assert 'iifname { "eth0", "lo" } accept' in table or 'iifname { "lo", "eth0" } accept' in table, table
+    inside = _probe_many(other, IPS[name], ports)
+    assert set(inside.values()) == {"open"}, inside
+    seen = _probe_many(other, MGMT[name], ports)
+    wrong = {port: answer for port, answer in seen.items()
+             if answer != ("open" if port in ALLOWED[name] else "no answer")}
+    assert wrong == {}, seen
+    assert _probe(other, MGMT[name], 22) in ("open", "refused")           # allowed: the path is up
     control = host.run("systemd-run --unit sparkops-probe-6399 python3 -m http.server 6399 --bind 0.0.0.0")
     assert control.rc == 0, control.stderr
     try:
-        for _attempt in range(20):
-            if _probe(other, MGMT[name], 6399) == "open":
-                break
-            time.sleep(0.5)
-        assert _probe(other, MGMT[name], 6399) == "open"
+        assert _wait(lambda: host.run("curl -fsS --max-time 2 -o /dev/null http://127.0.0.1:6399/").rc == 0, 30, step_s=0.5)
+        assert _probe(other, IPS[name], 6399) == "open"
+        assert _probe(other, MGMT[name], 6399) == "no answer"
     finally:
         host.run("systemctl stop sparkops-probe-6399")
 

@@ -15,6 +15,7 @@ inventory's sparks and on a batch of bad pairs (each pair its own cluster_name, 
 see each other), and a last play on the example's singles with a tensor-parallel plan."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,6 +120,9 @@ RENDERS = {
     "worker-ray-env": ("cluster", "ray.env.j2", "spark-pa-worker", {}),
     "worker-ray-env-no-hca": ("cluster", "ray.env.j2", "spark-pa-worker", {"spark_ib_hca": "", "cluster_nccl_buffsize": 8388608}),
     "head-ray-nft": ("cluster", "ray.nft.j2", "spark-pa-head", {}),
+    "head-ray-nft-own-port": ("cluster", "ray.nft.j2", "spark-pa-head", {"serve_port": 8443, "cluster_firewall_allow_tcp": [2222]}),
+    "worker-ray-nft": ("cluster", "ray.nft.j2", "spark-pa-worker", {}),
+    "worker-ray-nft-nothing-allowed": ("cluster", "ray.nft.j2", "spark-pa-worker", {"cluster_firewall_allow_tcp": []}),
     "head-serve-service": ("serve", "serve.service.j2", "spark-pa-head", {"serve_image": "sparkops/vllm-runtime:0123456789ab"}),
     "head-serve-env": ("serve", "serve.env.j2", "spark-pa-head", {"serve_image": "x:y"}),
     "single-serve-service": ("serve", "serve.service.j2", "spark-01", {
@@ -290,21 +294,41 @@ def test_nodes_check_script_compiles():
     assert textwrap.dedent("x") == "x"
 
 
-def test_ray_ports_answer_on_the_interconnect_and_loopback_only(run, tmp_path):
-    """Ray 2.60 listens on 0.0.0.0: the node's nftables table drops its ports on every other interface
-    (the Molecule cluster scenario probes it from a second network)."""
-    table = render(run, "head-ray-nft")
-    rule = [line.strip() for line in table.splitlines() if "drop" in line]
-    assert rule == ['iifname != { "lo", "enp1s0f1np1" } tcp dport { 6379, 6380, 6381, 6382, 6383, 6384, 6385, '
-                    '10002-10999 } drop']
+def test_a_pair_node_answers_on_its_other_interfaces_only_on_the_allowed_ports(run, tmp_path):
+    """Ray 2.60, its client server (10001) and vLLM's tensor-parallel listeners bind 0.0.0.0: the
+    node's nftables table is an allow-list on every interface but the interconnect and loopback,
+    ssh and node exporter, and the head's server port (the Molecule cluster scenario probes every
+    listening port of the head from a second network)."""
+    def rules(variant):
+        table = render(run, variant)
+        chain = table[table.index("chain input {"):]
+        return table, [line.strip() for line in chain.splitlines()[2:] if line.strip() not in ("}", "")]
+
+    table, head = rules("head-ray-nft")
+    assert head == ['iifname { "lo", "enp1s0f1np1" } accept', "ct state established,related accept",
+                    "tcp dport { 22, 8000, 9100 } accept", "meta l4proto tcp drop"]
     assert table.index("delete table inet sparkops_ray") < table.index("table inet sparkops_ray {")
+    assert rules("head-ray-nft-own-port")[1][2] == "tcp dport { 2222, 8443 } accept"
+    assert rules("worker-ray-nft")[1][2] == "tcp dport { 22, 9100 } accept"          # no server on a worker
+    assert rules("worker-ray-nft-nothing-allowed")[1][2:] == ["meta l4proto tcp drop"]
     nft = shutil.which("nft") or ("/usr/sbin/nft" if os.path.exists("/usr/sbin/nft") else None)
     if nft:   # nft's own parser (check only: nothing is loaded); the Molecule scenario loads it for real
-        (tmp_path / "ray.nft").write_text(table)
-        r = subprocess.run([nft, "-c", "-f", str(tmp_path / "ray.nft")], capture_output=True, text=True, check=False)
-        assert r.returncode == 0, r.stderr
+        for variant in ("head-ray-nft", "worker-ray-nft-nothing-allowed"):
+            (tmp_path / "ray.nft").write_text(render(run, variant))
+            r = subprocess.run([nft, "-c", "-f", str(tmp_path / "ray.nft")], capture_output=True, text=True, check=False)
+            assert r.returncode == 0, (variant, r.stderr)
     unit = render(run, "head-ray-service")
     starts = [line for line in unit.splitlines() if line.startswith("ExecStartPre=")]
     assert starts[0] == "ExecStartPre=/usr/sbin/nft -f /etc/sparkops/sparkops-ray.nft"
     off = render(run, "head-ray-service-no-firewall")
     assert "nft" not in off
+
+
+def test_the_firewall_reads_serve_port_with_serves_own_default():
+    """The cluster role runs without the serve role's options: roles/cluster/vars/main.yml reads
+    serve_port with a copy of its default, which must follow serve's."""
+    with open(os.path.join(ROOT, "roles", "serve", "defaults", "main.yml")) as handle:
+        serve_port = yaml.safe_load(handle)["serve_port"]
+    with open(os.path.join(ROOT, "roles", "cluster", "vars", "main.yml")) as handle:
+        copies = re.findall(r"serve_port \| default\((\d+)\)", handle.read())
+    assert copies and all(int(port) == serve_port for port in copies), (copies, serve_port)
