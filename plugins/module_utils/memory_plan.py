@@ -363,18 +363,85 @@ def _refuse_kv(inp, kv_exp, kv_need, kv_token_bytes, squeezed, step_gib, fixed, 
 # --------------------------------------------------------------------------------------------
 # KV bytes per token from a checkpoint's config.json
 # --------------------------------------------------------------------------------------------
+#
+# The reading mirrors how vLLM 0.32 builds each layer's KV cache spec (vllm/v1/kv_cache_interface.py,
+# the model files named below): bytes per token of a layer = page_size_bytes / block_size =
+# kv_heads_per_rank x (head_size + head_size_v) x dtype bytes; latent attention (MLA) keeps one
+# latent of kv_lora_rank + qk_rope_head_dim per token. Where a config.json leaves a field to the
+# transformers class default, the default is the one of transformers 5.24
+# (huggingface/transformers, src/transformers/models/<family>/configuration_<family>.py).
 
 _FULL_ATTENTION_TYPES = ('full_attention', 'attention', 'global_attention', 'global')
+_SLIDING_TYPES = ('sliding_attention', 'local_attention', 'sliding_window_attention')
+_CHUNKED_TYPES = ('chunked_attention',)
+_GDN_TYPES = ('linear_attention',)
+_MAMBA_TYPES = ('mamba', 'mamba2', 'ssm')
+_NO_CACHE_TYPES = ('mlp', 'moe', 'ffn', 'dense')
 BF16_BYTES = 2
+_DTYPE_BYTES = {'float32': 4, 'fp32': 4, 'float': 4, 'bfloat16': 2, 'bf16': 2, 'float16': 2, 'fp16': 2,
+                'half': 2, 'auto': BF16_BYTES}
+_KV_HINT = 'set memory_plan_kv_bytes_per_token instead'
+
+# Keys of per-layer structures this reading does not know: a config carrying one is refused
+# rather than read as if every layer were plain attention.
+_UNREAD_KEYS = (
+    ('index_topk', 'the sparse-attention indexer keeps its own per-token cache'),
+    ('attn_type_list', 'lightning/linear attention layers'),
+    ('linear_attn_config', 'linear attention layers'),
+    ('compress_ratios', 'compressed attention layers'),
+)
+
+# transformers 5.24 class defaults of the fields the reading needs, for configs that leave them
+# out (the multimodal Gemma 3 checkpoints' text_config gives neither the head counts nor
+# head_dim, nor any layer pattern).
+#   huggingface/transformers src/transformers/models/gemma3/configuration_gemma3.py (Gemma3TextConfig):
+#     num_hidden_layers 26, num_attention_heads 8, num_key_value_heads 4, head_dim 256,
+#     hidden_size 2304, sliding_window 4096; layer_types from sliding_window_pattern
+#     (default 6): layer i is sliding unless (i + 1) % 6 == 0.
+#   .../gemma4/configuration_gemma4.py (Gemma4TextConfig): num_hidden_layers 30,
+#     num_attention_heads 8, num_key_value_heads 4, head_dim 256, hidden_size 2304,
+#     sliding_window 512, global_head_dim 512, num_global_key_value_heads None (used for the
+#     full-attention layers only when attention_k_eq_v), attention_k_eq_v False,
+#     num_kv_shared_layers 0; layer_types every 6th full, the last layer forced full.
+#   .../gemma2/configuration_gemma2.py (Gemma2Config): layer_types alternate, layer i sliding
+#     unless (i + 1) % 2 == 0 (the other fields are given by every Gemma 2 config.json).
+#   .../llama4/configuration_llama4.py (Llama4TextConfig): attention_chunk_size 8192,
+#     no_rope_layer_interval 4, no_rope_layers[i] = int((i + 1) % 4 != 0); a RoPE layer
+#     (no_rope_layers[i] == 1) is chunked-local when attention_chunk_size is set.
+_CLASS_DEFAULTS = {
+    'gemma3': {'num_hidden_layers': 26, 'num_attention_heads': 8, 'num_key_value_heads': 4,
+               'head_dim': 256, 'hidden_size': 2304, 'sliding_window': 4096},
+    'gemma4': {'num_hidden_layers': 30, 'num_attention_heads': 8, 'num_key_value_heads': 4,
+               'head_dim': 256, 'hidden_size': 2304, 'sliding_window': 512, 'global_head_dim': 512,
+               'attention_k_eq_v': False, 'num_kv_shared_layers': 0},
+    'llama4': {'attention_chunk_size': 8192, 'no_rope_layer_interval': 4},
+}
 
 
 def _text_config(config):
     """Multimodal checkpoints nest the language model's config under text_config."""
     for key in ('text_config', 'language_config', 'llm_config'):
         sub = config.get(key)
-        if isinstance(sub, dict) and 'num_hidden_layers' in sub:
+        if isinstance(sub, dict) and ('num_hidden_layers' in sub or key == 'text_config'
+                                      and _family(config) in ('gemma3', 'gemma4', 'llama4')):
             return sub
     return config
+
+
+def _family(config):
+    """The families read with transformers class defaults: gemma2/3/4, llama4; else ''."""
+    names = [str(config.get('model_type') or '')]
+    sub = config.get('text_config')
+    if isinstance(sub, dict):
+        names.append(str(sub.get('model_type') or ''))
+    names += [str(a) for a in (config.get('architectures') or []) if isinstance(a, str)]
+    joined = ' '.join(names).lower()
+    if 'gemma3n' in joined:
+        return ''
+    for family in ('gemma4', 'gemma3', 'gemma2', 'llama4'):
+        if family in joined:
+            return family
+    return ''
 
 
 def _cfg_int(config, key, minimum=1):
@@ -386,94 +453,404 @@ def _cfg_int(config, key, minimum=1):
     return value
 
 
-def full_attention_layers(config):
-    """How many layers keep a KV entry for every token, and how that was found."""
-    cfg = _text_config(config)
-    layers = _cfg_int(cfg, 'num_hidden_layers')
-    types = cfg.get('layer_types')
+def _refuse(what):
+    return MemoryPlanError('memory_plan: cannot read the KV cache of this config.json: %s; %s'
+                           % (what, _KV_HINT))
+
+
+class _Cfg(object):
+    """A text config with the family's class defaults behind it."""
+
+    def __init__(self, cfg, defaults):
+        self.cfg = cfg
+        self.defaults = defaults
+
+    def get(self, key, default=None):
+        value = self.cfg.get(key)
+        if value is None:
+            value = self.defaults.get(key, default)
+        return value
+
+    def int(self, key, minimum=1):
+        if self.cfg.get(key) is None and key in self.defaults:
+            return self.defaults[key]
+        return _cfg_int(self.cfg, key, minimum)
+
+    def __contains__(self, key):
+        return self.cfg.get(key) is not None or key in self.defaults
+
+
+def _head_dim(c):
+    for key in ('head_dim', 'attention_head_dim'):
+        if c.get(key) is not None:
+            return c.int(key)
+    heads = c.int('num_attention_heads')
+    hidden = c.int('hidden_size')
+    if hidden % heads:
+        raise MemoryPlanError('memory_plan: config.json hidden_size %d is not a multiple of '
+                              'num_attention_heads %d and head_dim is absent' % (hidden, heads))
+    return hidden // heads
+
+
+def _kv_heads(c):
+    if c.get('num_key_value_heads') is not None:
+        return c.int('num_key_value_heads')
+    return c.int('num_attention_heads')
+
+
+def _layer(kind, kv_heads=0, head=0, head_v=None, span=None, latent=False):
+    return {'kind': kind, 'kv_heads': kv_heads, 'head': head,
+            'head_v': head if head_v is None else head_v, 'span': span, 'latent': latent}
+
+
+def _pattern_types(c, layers, family):
+    """layer_types as the config or the transformers class builds them, or None."""
+    types = c.get('layer_types')
     if types is None:
-        types = cfg.get('layers_block_type')
+        types = c.get('layers_block_type')
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             raise MemoryPlanError(
                 "memory_plan: config.json 'layer_types' has %s entries for %d layers"
                 % (len(types) if isinstance(types, list) else type(types).__name__, layers))
-        owners = [str(t).lower() in _FULL_ATTENTION_TYPES for t in types]
-        how = 'layer_types'
-    elif cfg.get('full_attention_interval') is not None:
-        interval = _cfg_int(cfg, 'full_attention_interval')
-        owners = [(i + 1) % interval == 0 for i in range(layers)]
-        how = 'full_attention_interval'
-    elif cfg.get('attn_layer_period') is not None:
-        period = _cfg_int(cfg, 'attn_layer_period')
-        offset = _cfg_int(cfg, 'attn_layer_offset', minimum=0) \
-            if cfg.get('attn_layer_offset') is not None else 0
-        owners = [i % period == offset for i in range(layers)]
-        how = 'attn_layer_period'
-    else:
-        owners = [True] * layers
-        how = 'all layers'
-    # Gemma-3n style KV sharing: the last num_kv_shared_layers reuse earlier layers' cache.
-    shared = cfg.get('num_kv_shared_layers') or 0
+        return [str(t).lower() for t in types], 'layer_types'
+    if family in ('gemma3', 'gemma4'):
+        pattern = c.int('sliding_window_pattern') if c.get('sliding_window_pattern') is not None else 6
+        types = ['full_attention' if (i + 1) % pattern == 0 else 'sliding_attention' for i in range(layers)]
+        if family == 'gemma4':
+            types[-1] = 'full_attention'
+        return types, 'sliding_window_pattern %d (transformers default)' % pattern
+    if family == 'gemma2':
+        return (['full_attention' if (i + 1) % 2 == 0 else 'sliding_attention' for i in range(layers)],
+                'alternating (transformers Gemma2Config default)')
+    return None, None
+
+
+def _gemma4_full(c, index, kv_heads, head):
+    """Gemma 4 full-attention layers (transformers Gemma4TextConfig.per_layer_config, vLLM gemma4.py)."""
+    per_layer = c.cfg.get('per_layer_config')
+    if isinstance(per_layer, dict):
+        over = per_layer.get(str(index), per_layer.get(index)) or {}
+        return over.get('num_key_value_heads') or kv_heads, over.get('head_dim') or head
+    head = c.int('global_head_dim')
+    if c.get('attention_k_eq_v') and c.get('num_global_key_value_heads') is not None:
+        kv_heads = c.int('num_global_key_value_heads')
+    return kv_heads, head
+
+
+def _mamba2_state(c, tp):
+    """Bytes of one Mamba-2 layer's state for one sequence on one rank (vLLM mamba_utils.py
+    MambaStateShapeCalculator.mamba2_state_shape; conv state at the model dtype (BF16), the SSM
+    state at mamba_ssm_cache_dtype, float32 by default for Nemotron-H (vLLM models/config.py))."""
+    need = ('mamba_num_heads', 'mamba_head_dim', 'n_groups', 'ssm_state_size', 'conv_kernel')
+    missing = [k for k in need if c.get(k) is None]
+    if missing:
+        return None, 'Mamba-2 state: config.json lacks %s' % ', '.join(missing)
+    heads, head_dim, groups, state, kernel = (c.int(k) for k in need)
+    if heads % tp or groups % tp:
+        return None, 'Mamba-2 state: %d heads / %d groups do not split across %d ranks' % (heads, groups, tp)
+    ssm_dtype = str(c.get('mamba_ssm_cache_dtype') or 'float32').lower()
+    if ssm_dtype not in _DTYPE_BYTES:
+        return None, 'Mamba-2 state: unknown mamba_ssm_cache_dtype %r' % ssm_dtype
+    conv = (kernel - 1) * (heads * head_dim + 2 * groups * state) // tp * BF16_BYTES
+    ssm = heads // tp * head_dim * state * _DTYPE_BYTES[ssm_dtype]
+    return conv + ssm, None
+
+
+def _gdn_state(c, tp):
+    """Bytes of one gated-delta-net layer's state for one sequence on one rank (vLLM
+    mamba_utils.py gated_delta_net_state_shape; the SSM state at mamba_ssm_dtype when the
+    config names one (Qwen3.5), else the model dtype)."""
+    need = ('linear_num_key_heads', 'linear_num_value_heads', 'linear_key_head_dim',
+            'linear_value_head_dim', 'linear_conv_kernel_dim')
+    missing = [k for k in need if c.get(k) is None]
+    if missing:
+        return None, 'gated-delta-net state: config.json lacks %s' % ', '.join(missing)
+    k_heads, v_heads, k_dim, v_dim, kernel = (c.int(k) for k in need)
+    conv_dim = k_dim * k_heads * 2 + v_dim * v_heads
+    if conv_dim % tp or v_heads % tp:
+        return None, 'gated-delta-net state: does not split across %d ranks' % tp
+    ssm_dtype = str(c.get('mamba_ssm_dtype') or 'auto').lower()
+    if ssm_dtype not in _DTYPE_BYTES:
+        return None, 'gated-delta-net state: unknown mamba_ssm_dtype %r' % ssm_dtype
+    conv = (kernel - 1) * conv_dim // tp * BF16_BYTES
+    ssm = v_heads // tp * v_dim * k_dim * _DTYPE_BYTES[ssm_dtype]
+    return conv + ssm, None
+
+
+def _layers(config):
+    """One entry per decoder layer: its cache kind and shape, and how the pattern was read."""
+    for key, what in _UNREAD_KEYS:
+        cfg = _text_config(config)
+        if cfg.get(key) is not None or config.get(key) is not None:
+            raise _refuse("config.json key '%s' (%s) is not read" % (key, what))
+    family = _family(config)
+    c = _Cfg(_text_config(config), _CLASS_DEFAULTS.get(family, {}))
+    layers = c.int('num_hidden_layers')
+
+    if c.get('block_configs') is not None:  # DeciLM / Nemotron-NAS (vLLM nemotron_nas.py)
+        blocks = c.get('block_configs')
+        if not isinstance(blocks, list) or len(blocks) != layers:
+            raise _refuse("'block_configs' has %s entries for %d layers"
+                          % (len(blocks) if isinstance(blocks, list) else type(blocks).__name__, layers))
+        heads, head = c.int('num_attention_heads'), _head_dim(c)
+        out = []
+        for i, block in enumerate(blocks):
+            attn = block.get('attention') if isinstance(block, dict) else None
+            if not isinstance(attn, dict):
+                raise _refuse("block_configs[%d] has no 'attention'" % i)
+            if attn.get('no_op'):
+                out.append(_layer('none'))
+                continue
+            for key in ('replace_with_linear', 'window_length', 'sparsify', 'num_sink_tokens'):
+                if attn.get(key):
+                    raise _refuse("block_configs[%d].attention.%s = %r is not read" % (i, key, attn[key]))
+            group = attn.get('n_heads_in_group')
+            if isinstance(group, bool) or not isinstance(group, int) or group < 1 or heads % group:
+                raise _refuse("block_configs[%d].attention.n_heads_in_group is %r" % (i, group))
+            out.append(_layer('full', heads // group, head))
+        return out, 'block_configs (DeciLM)'
+
+    if c.get('hybrid_override_pattern') is not None:  # Nemotron-H (vLLM nemotron_h.py)
+        pattern = c.get('hybrid_override_pattern')
+        if not isinstance(pattern, str) or len(pattern) != layers:
+            raise _refuse("'hybrid_override_pattern' has %s characters for %d layers"
+                          % (len(pattern) if isinstance(pattern, str) else type(pattern).__name__, layers))
+        kinds = {'*': 'full', 'M': 'mamba2', '-': 'none', 'E': 'none'}
+        unknown = sorted(set(pattern) - set(kinds))
+        if unknown:
+            raise _refuse("'hybrid_override_pattern' has layer kinds %s" % ''.join(unknown))
+        kv_heads, head = _kv_heads(c), _head_dim(c) if '*' in pattern else 0
+        return ([_layer('full', kv_heads, head) if ch == '*' else _layer(kinds[ch]) for ch in pattern],
+                'hybrid_override_pattern')
+
+    if c.get('hybrid_layer_pattern') is not None:  # MiMo-V2 (vLLM mimo_v2.py): 1 = sliding window
+        pattern = c.get('hybrid_layer_pattern')
+        if not isinstance(pattern, list) or len(pattern) != layers or set(pattern) - {0, 1}:
+            raise _refuse("'hybrid_layer_pattern' must be %d entries of 0 and 1" % layers)
+        out = []
+        for flag in pattern:
+            if flag == 1:
+                window = c.get('sliding_window_size') or c.get('sliding_window')
+                if window is None:
+                    raise _refuse("'hybrid_layer_pattern' has sliding layers but no 'sliding_window_size'")
+                head = c.int('swa_head_dim')
+                out.append(_layer('sliding', c.int('swa_num_key_value_heads'), head,
+                                  c.get('swa_v_head_dim') or head, span=int(window)))
+            else:
+                head = _head_dim(c)
+                out.append(_layer('full', _kv_heads(c), head, c.get('v_head_dim') or head))
+        return out, 'hybrid_layer_pattern'
+
+    if c.get('kv_lora_rank') is not None:  # latent attention: one latent per layer and token
+        rank = c.int('kv_lora_rank')
+        rope = _cfg_int(c.cfg, 'qk_rope_head_dim', minimum=0)
+        return [_layer('full', 1, rank + rope, 0, latent=True)] * layers, 'latent attention (kv_lora_rank)'
+
+    types, how = _pattern_types(c, layers, family)
+    if types is None and family == 'llama4':
+        chunk = c.get('attention_chunk_size')
+        no_rope = c.get('no_rope_layers')
+        if not no_rope:
+            interval = c.int('no_rope_layer_interval')
+            no_rope = [int((i + 1) % interval != 0) for i in range(layers)]
+        if len(no_rope) != layers:
+            raise _refuse("'no_rope_layers' has %d entries for %d layers" % (len(no_rope), layers))
+        types = ['chunked_attention' if flag and chunk else 'full_attention' for flag in no_rope]
+        how = 'no_rope_layers + attention_chunk_size (Llama 4)'
+    if types is None:
+        if c.get('full_attention_interval') is not None:
+            interval = c.int('full_attention_interval')
+            types = ['full_attention' if (i + 1) % interval == 0 else 'linear_attention' for i in range(layers)]
+            how = 'full_attention_interval'
+        elif c.get('attn_layer_period') is not None:
+            period = c.int('attn_layer_period')
+            offset = c.int('attn_layer_offset', minimum=0) if c.get('attn_layer_offset') is not None else 0
+            types = ['full_attention' if i % period == offset else 'mamba1' for i in range(layers)]
+            how = 'attn_layer_period'
+        else:
+            types = ['full_attention'] * layers
+            how = 'all layers'
+
+    kv_heads, head = None, None
+    out = []
+    for i, kind in enumerate(types):
+        if kind in _FULL_ATTENTION_TYPES or kind in _SLIDING_TYPES or kind in _CHUNKED_TYPES:
+            if kv_heads is None:
+                kv_heads, head = _kv_heads(c), _head_dim(c)
+            if kind in _FULL_ATTENTION_TYPES:
+                layer_heads, layer_head = (_gemma4_full(c, i, kv_heads, head) if family == 'gemma4'
+                                           else (kv_heads, head))
+                out.append(_layer('full', layer_heads, layer_head))
+            elif kind in _SLIDING_TYPES:
+                # No window in the config: the layout says window None (not in the full figure).
+                window = c.int('sliding_window') if c.get('sliding_window') is not None else None
+                out.append(_layer('sliding', kv_heads, head, span=window))
+            else:
+                out.append(_layer('chunked', kv_heads, head, span=c.int('attention_chunk_size')))
+        elif kind in _GDN_TYPES:
+            out.append(_layer('gdn'))
+        elif kind in _MAMBA_TYPES:
+            out.append(_layer('mamba2'))
+        elif kind == 'mamba1':
+            out.append(_layer('mamba1'))
+        elif kind in _NO_CACHE_TYPES:
+            out.append(_layer('none'))
+        else:
+            raise _refuse("layer %d has the unknown layer type '%s'" % (i, kind))
+
+    # KV sharing (Gemma 3n / Gemma 4): the last num_kv_shared_layers reuse earlier layers' cache.
+    shared = c.get('num_kv_shared_layers') or 0
     if shared:
-        shared = _cfg_int(cfg, 'num_kv_shared_layers', minimum=0)
-        owners = owners[:max(layers - shared, 0)]
+        shared = c.int('num_kv_shared_layers', minimum=0)
+        out = out[:max(layers - shared, 0)] + [_layer('shared')] * min(shared, layers)
         how += ', %d KV-shared layers' % shared
-    return sum(1 for o in owners if o), how
+    return out, how
+
+
+def _check_tp(tensor_parallel_size):
+    if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) \
+            or tensor_parallel_size < 1:
+        raise MemoryPlanError('memory_plan: tensor_parallel_size must be a whole number >= 1, '
+                              'got %r' % (tensor_parallel_size,))
+
+
+def _bytes_per_token(layer, tp):
+    if layer['latent']:  # the MLA latent is not split: every rank keeps all of it
+        return layer['head'] * BF16_BYTES
+    kv_heads = layer['kv_heads']
+    if kv_heads > tp and kv_heads % tp:
+        raise MemoryPlanError('memory_plan: %d KV heads do not split evenly across '
+                              'tensor_parallel_size %d' % (kv_heads, tp))
+    return max(kv_heads // tp, 1) * (layer['head'] + layer['head_v']) * BF16_BYTES
+
+
+def _span_order(item):
+    return (item[0] is None, item[0] or 0)
+
+
+def kv_cache_layout(config, tensor_parallel_size=1):
+    """The KV cache of one rank by kind, BF16, from a parsed config.json (vLLM 0.32's reading).
+
+    Returns a dict:
+
+    - ``full_bytes_per_token``, ``full_layers``: the layers whose cache grows with every token
+      of a request (full attention, latent attention): what ``kv_bytes_per_token_from_config``
+      returns;
+    - ``sliding``: ``[{'window', 'layers', 'bytes_per_token'}]`` per window: a request holds at
+      most about window (+ the tokens in flight) tokens of these (window None: not in the config);
+    - ``chunked``: ``[{'chunk', 'layers', 'bytes_per_token'}]``: chunked-local attention
+      (Llama 4), at most about one chunk per request;
+    - ``recurrent_layers``, ``recurrent_kind`` (``mamba2``, ``gated_delta_net``, ``mamba``),
+      ``recurrent_state_bytes_per_sequence`` (all recurrent layers together, for one sequence)
+      or None with ``recurrent_state_refused`` saying why;
+    - ``shared_layers`` (reuse another layer's cache), ``no_cache_layers`` (MLP/MoE blocks,
+      no-op attention), ``layers``, ``how`` (where the layer pattern came from).
+
+    Raises MemoryPlanError naming the missing or unread field (and memory_plan_kv_bytes_per_token)
+    when the config cannot be read.
+    """
+    if not isinstance(config, dict):
+        raise MemoryPlanError('memory_plan: the model config must be a mapping (config.json)')
+    _check_tp(tensor_parallel_size)
+    tp = tensor_parallel_size
+    layers, how = _layers(config)
+    out = {'layers': len(layers), 'how': how, 'full_layers': 0, 'full_bytes_per_token': 0,
+           'sliding': [], 'chunked': [], 'recurrent_layers': 0, 'recurrent_kind': None,
+           'recurrent_state_bytes_per_sequence': None, 'recurrent_state_refused': None,
+           'shared_layers': 0, 'no_cache_layers': 0}
+    spans = {'sliding': {}, 'chunked': {}}
+    recurrent = {}
+    for layer in layers:
+        kind = layer['kind']
+        if kind == 'full':
+            out['full_layers'] += 1
+            out['full_bytes_per_token'] += _bytes_per_token(layer, tp)
+        elif kind in spans:
+            entry = spans[kind].setdefault(layer['span'], [0, 0])
+            entry[0] += 1
+            entry[1] += _bytes_per_token(layer, tp)
+        elif kind in ('mamba2', 'gdn', 'mamba1'):
+            recurrent[kind] = recurrent.get(kind, 0) + 1
+        elif kind == 'shared':
+            out['shared_layers'] += 1
+        else:
+            out['no_cache_layers'] += 1
+    out['sliding'] = [{'window': w, 'layers': n, 'bytes_per_token': b}
+                      for w, (n, b) in sorted(spans['sliding'].items(), key=_span_order)]
+    out['chunked'] = [{'chunk': w, 'layers': n, 'bytes_per_token': b}
+                      for w, (n, b) in sorted(spans['chunked'].items(), key=_span_order)]
+    if recurrent:
+        out['recurrent_layers'] = sum(recurrent.values())
+        names = {'mamba2': 'mamba2', 'gdn': 'gated_delta_net', 'mamba1': 'mamba'}
+        out['recurrent_kind'] = ', '.join(names[k] for k in sorted(recurrent))
+        if len(recurrent) > 1 or 'mamba1' in recurrent:
+            state, why = None, 'the state of %s layers is not derived' % out['recurrent_kind']
+        else:
+            c = _Cfg(_text_config(config), {})
+            state, why = (_mamba2_state if 'mamba2' in recurrent else _gdn_state)(c, tp)
+        if state is None:
+            out['recurrent_state_refused'] = why
+        else:
+            out['recurrent_state_bytes_per_sequence'] = state * out['recurrent_layers']
+    return out
+
+
+def recurrent_state_bytes_per_sequence(config, tensor_parallel_size=1):
+    """Bytes of recurrent (Mamba/GDN) state one sequence holds on one rank; 0 without such layers.
+
+    Raises MemoryPlanError when the model has recurrent layers whose state is not derived.
+    """
+    layout = kv_cache_layout(config, tensor_parallel_size)
+    if layout['recurrent_layers'] and layout['recurrent_state_bytes_per_sequence'] is None:
+        raise _refuse('recurrent state per sequence: %s' % layout['recurrent_state_refused'])
+    return layout['recurrent_state_bytes_per_sequence'] or 0
+
+
+def full_attention_layers(config):
+    """How many layers keep a KV entry for every token, and how that was found."""
+    layers, how = _layers(config)
+    return sum(1 for layer in layers if layer['kind'] == 'full'), how
 
 
 def kv_bytes_per_token_from_config(config, tensor_parallel_size=1):
     """BF16 KV bytes per token of one rank of a model, from its parsed config.json.
 
-    - standard attention: 2 (K and V) x layers x kv_heads x head_dim x 2 bytes;
-    - hybrid models count only full-attention layers (layer_types, layers_block_type,
-      full_attention_interval, attn_layer_period/offset); sliding-window and linear/recurrent
-      layers hold a bounded state per request, not a per-token entry;
-    - latent attention (DeepSeek-style MLA, kv_lora_rank + qk_rope_head_dim): one latent
-      vector per layer and token, 1 x layers x (kv_lora_rank + qk_rope_head_dim) x 2 bytes;
+    The bytes vLLM 0.32 allocates per token of a request in the layers whose cache grows with
+    every token (``full_bytes_per_token`` of :func:`kv_cache_layout`):
+
+    - standard attention: kv_heads x (head_dim + v_head_dim) x 2 bytes per full-attention layer
+      (v_head_dim = head_dim but for MiMo-V2); Gemma 4's full layers use global_head_dim and,
+      with attention_k_eq_v, num_global_key_value_heads;
+    - the layer pattern from layer_types / layers_block_type, the Gemma 2/3/4 and Llama 4 class
+      defaults (transformers) when the config gives none, full_attention_interval,
+      attn_layer_period/offset, hybrid_override_pattern ('*'), hybrid_layer_pattern (0),
+      DeciLM block_configs (no-op attention skipped, n_heads_in_group);
+    - sliding-window, chunked-local (Llama 4) and recurrent (GDN, Mamba) layers are NOT in this
+      figure: a request holds a bounded amount of them (see :func:`kv_cache_layout`), and
+      KV-shared layers (Gemma 3n/4 num_kv_shared_layers) hold none;
+    - latent attention (DeepSeek-style MLA, kv_lora_rank + qk_rope_head_dim): one latent vector
+      per layer and token, layers x (kv_lora_rank + qk_rope_head_dim) x 2 bytes;
     - tensor parallel: KV heads split across ranks (a rank keeps at least one head, replicated
       when kv_heads < TP); the MLA latent is not split, every rank keeps all of it.
     """
-    if not isinstance(config, dict):
-        raise MemoryPlanError('memory_plan: the model config must be a mapping (config.json)')
-    if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) \
-            or tensor_parallel_size < 1:
-        raise MemoryPlanError('memory_plan: tensor_parallel_size must be a whole number >= 1, '
-                              'got %r' % (tensor_parallel_size,))
-    cfg = _text_config(config)
-    layers, _how = full_attention_layers(config)
-    if cfg.get('kv_lora_rank') is not None:
-        rank = _cfg_int(cfg, 'kv_lora_rank')
-        rope = _cfg_int(cfg, 'qk_rope_head_dim', minimum=0)
-        return layers * (rank + rope) * BF16_BYTES
-    heads = _cfg_int(cfg, 'num_attention_heads')
-    kv_heads = cfg.get('num_key_value_heads')
-    kv_heads = heads if kv_heads is None else _cfg_int(cfg, 'num_key_value_heads')
-    if cfg.get('head_dim') is not None:
-        head_dim = _cfg_int(cfg, 'head_dim')
-    else:
-        hidden = _cfg_int(cfg, 'hidden_size')
-        if hidden % heads:
-            raise MemoryPlanError('memory_plan: config.json hidden_size %d is not a multiple of '
-                                  'num_attention_heads %d and head_dim is absent' % (hidden, heads))
-        head_dim = hidden // heads
-    per_rank_heads = max(kv_heads // tensor_parallel_size, 1)
-    if kv_heads > tensor_parallel_size and kv_heads % tensor_parallel_size:
-        raise MemoryPlanError('memory_plan: %d KV heads do not split evenly across '
-                              'tensor_parallel_size %d' % (kv_heads, tensor_parallel_size))
-    return 2 * layers * per_rank_heads * head_dim * BF16_BYTES
+    return kv_cache_layout(config, tensor_parallel_size)['full_bytes_per_token']
 
 
 def kv_bytes_per_token_from_file(path, tensor_parallel_size=1):
     """Read a checkpoint's config.json (a file, or a directory holding one)."""
+    return kv_bytes_per_token_from_config(read_model_config(path), tensor_parallel_size)
+
+
+def read_model_config(path):
+    """The parsed config.json of a checkpoint (a file, or a directory holding one)."""
     if os.path.isdir(path):
         path = os.path.join(path, 'config.json')
     try:
         with open(path, 'r') as handle:
-            config = json.load(handle)
+            return json.load(handle)
     except (OSError, ValueError) as exc:
         raise MemoryPlanError('memory_plan: cannot read the model config %s: %s' % (path, exc)) from exc
-    return kv_bytes_per_token_from_config(config, tensor_parallel_size)
 
 
 # --------------------------------------------------------------------------------------------

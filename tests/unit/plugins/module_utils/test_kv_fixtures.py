@@ -1,0 +1,127 @@
+"""The KV reading against vLLM's own KV cache spec, on real config.json files of public models.
+
+kv_fixtures/<model>/config.json are copies of the upstream config.json files (kv_fixtures/sources.json
+names the repository, path and commit each was copied from; the files are byte for byte as there).
+kv_fixtures/vllm_kv_spec.json is vLLM 0.32's figure for each, at TP=1 and TP=2: written by
+lab/runtime/kv_spec.py in the lab's CPU vLLM image where an entry's "source" is "measured", derived
+by hand from vLLM's source where it is "hand-derived" (docs/memory-plan.md, the fixture table).
+"""
+import copy
+import json
+import os
+
+import pytest
+
+from ansible_collections.sparkops.appliance.plugins.module_utils.memory_plan import (
+    MemoryPlanError,
+    compute_plan,
+    kv_bytes_per_token_from_config,
+    kv_bytes_per_token_from_file,
+    kv_cache_layout,
+    read_model_config,
+    recurrent_state_bytes_per_sequence,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, 'kv_fixtures')
+with open(os.path.join(FIXTURES, 'sources.json')) as _handle:
+    SOURCES = json.load(_handle)
+with open(os.path.join(FIXTURES, 'vllm_kv_spec.json')) as _handle:
+    VLLM = json.load(_handle)
+CASES = [(name, tp) for name in sorted(SOURCES) for tp in (1, 2)
+         if 'error' not in VLLM.get(name, {}).get('tp%d' % tp, {'error': 'absent'})]
+
+
+def config(name):
+    return read_model_config(os.path.join(FIXTURES, name))
+
+
+def close(ours, theirs, rel=0.01):
+    return ours == pytest.approx(theirs, rel=rel, abs=0.5)
+
+
+def test_every_fixture_names_its_source_and_has_vllm_figures():
+    folders = sorted(n for n in os.listdir(FIXTURES) if os.path.isdir(os.path.join(FIXTURES, n)))
+    assert folders == sorted(SOURCES)
+    for name, source in SOURCES.items():
+        assert set(source) >= {'model', 'repository', 'path', 'commit'}, name
+        assert len(source['commit']) == 40, name
+        assert VLLM[name]['source'] in ('measured', 'hand-derived'), name
+        assert 'tp1' in VLLM[name], name
+
+
+@pytest.mark.parametrize('name, tp', CASES)
+def test_full_attention_bytes_per_token_match_vllm(name, tp):
+    theirs = VLLM[name]['tp%d' % tp]
+    ours = kv_bytes_per_token_from_config(config(name), tp)
+    assert close(ours, theirs['full_bytes_per_token']), (name, tp, ours, theirs['full_bytes_per_token'])
+    assert kv_cache_layout(config(name), tp)['full_layers'] == theirs['full_layers']
+    assert kv_bytes_per_token_from_file(os.path.join(FIXTURES, name), tp) == ours
+
+
+@pytest.mark.parametrize('name, tp', CASES)
+def test_sliding_and_chunked_layers_match_vllm(name, tp):
+    theirs = VLLM[name]['tp%d' % tp]
+    layout = kv_cache_layout(config(name), tp)
+    for kind, span in (('sliding', 'window'), ('chunked', 'chunk')):
+        assert [(g[span], g['layers']) for g in layout[kind]] == [(g[span], g['layers']) for g in theirs[kind]], kind
+        for ours, vllm in zip(layout[kind], theirs[kind]):
+            assert close(ours['bytes_per_token'], vllm['bytes_per_token']), (kind, ours, vllm)
+
+
+@pytest.mark.parametrize('name, tp', CASES)
+def test_recurrent_state_per_sequence_matches_vllm(name, tp):
+    theirs = VLLM[name]['tp%d' % tp]
+    layout = kv_cache_layout(config(name), tp)
+    assert layout['recurrent_layers'] == theirs['recurrent_layers']
+    if theirs['recurrent_layers']:
+        assert close(layout['recurrent_state_bytes_per_sequence'], theirs['recurrent_state_bytes_per_sequence'])
+        assert recurrent_state_bytes_per_sequence(config(name), tp) == layout['recurrent_state_bytes_per_sequence']
+    else:
+        assert recurrent_state_bytes_per_sequence(config(name), tp) == 0
+
+
+def test_the_plan_sizes_kv_from_the_full_attention_figure():
+    # SPEC section 3: kv_need = max_model_len x KV bytes per token (one max-length request).
+    raw = {'weight_bytes': 10 * 2 ** 30, 'ple_gib': 0, 'mtp_enabled': False, 'mtp_off_credit_gib': 0,
+           'overhead_gib': 1, 'mtp_gib': 0, 'max_model_len': 131072, 'kv_cache_dtype': 'auto',
+           'kv_target_gib': 20, 'mem_total_gib': 121.69, 'host_reserve_gib': 26, 'max_num_seqs': 1,
+           'model_config': config('llama-4-scout-17b-16e-instruct')}
+    plan = compute_plan(raw)
+    assert plan['kv_bytes_per_token'] == 49152  # 12 NoPE full-attention layers, not all 48
+    assert plan['kv_need_gib'] == pytest.approx(131072 * 49152 / 2 ** 30)
+
+
+def test_an_unread_sparse_indexer_is_refused_naming_the_variable():
+    cfg = dict(config('deepseek-v3'), index_topk=2048)  # DeepSeek-V3.2's indexer key, added here
+    with pytest.raises(MemoryPlanError, match=r"index_topk.*memory_plan_kv_bytes_per_token"):
+        kv_bytes_per_token_from_config(cfg)
+
+
+def test_an_unknown_layer_kind_is_refused():
+    cfg = config('nemotron-h-56b-base-8k')
+    cfg['hybrid_override_pattern'] = cfg['hybrid_override_pattern'].replace('*', 'X', 1)
+    with pytest.raises(MemoryPlanError, match=r"layer kinds X.*memory_plan_kv_bytes_per_token"):
+        kv_bytes_per_token_from_config(cfg)
+    cfg = config('qwen3.5-27b')
+    cfg['text_config']['layer_types'][0] = 'lightning_attention'
+    with pytest.raises(MemoryPlanError, match=r"unknown layer type 'lightning_attention'"):
+        kv_bytes_per_token_from_config(cfg)
+
+
+def test_a_decilm_block_without_its_head_grouping_is_refused():
+    cfg = config('llama-3_3-nemotron-super-49b-v1')
+    cfg['block_configs'][0]['attention']['n_heads_in_group'] = None
+    with pytest.raises(MemoryPlanError, match=r"block_configs\[0\].attention.n_heads_in_group"):
+        kv_bytes_per_token_from_config(cfg)
+
+
+def test_a_mamba_state_missing_a_field_is_refused_but_the_kv_figure_stands():
+    cfg = copy.deepcopy(config('nemotron-h-56b-base-8k'))
+    del cfg['ssm_state_size']
+    layout = kv_cache_layout(cfg)
+    assert layout['full_bytes_per_token'] == 40960
+    assert layout['recurrent_state_bytes_per_sequence'] is None
+    assert 'ssm_state_size' in layout['recurrent_state_refused']
+    with pytest.raises(MemoryPlanError, match=r"ssm_state_size.*memory_plan_kv_bytes_per_token"):
+        recurrent_state_bytes_per_sequence(cfg)
