@@ -466,18 +466,15 @@ class _Cfg(object):
         self.defaults = defaults
 
     def get(self, key, default=None):
-        value = self.cfg.get(key)
-        if value is None:
-            value = self.defaults.get(key, default)
-        return value
+        # A key the config.json gives, even as null, wins over the class default (as in transformers).
+        if key in self.cfg:
+            return self.cfg[key]
+        return self.defaults.get(key, default)
 
     def int(self, key, minimum=1):
-        if self.cfg.get(key) is None and key in self.defaults:
+        if key not in self.cfg and key in self.defaults:
             return self.defaults[key]
         return _cfg_int(self.cfg, key, minimum)
-
-    def __contains__(self, key):
-        return self.cfg.get(key) is not None or key in self.defaults
 
 
 def _head_dim(c):

@@ -13,6 +13,8 @@ from ansible_collections.sparkops.appliance.plugins.module_utils.memory_plan imp
     full_attention_layers,
     kv_bytes_per_token_from_config,
     kv_bytes_per_token_from_file,
+    kv_cache_layout,
+    recurrent_state_bytes_per_sequence,
 )
 
 LLAMA = {  # Llama-3-8B shape: GQA, explicit head_dim
@@ -135,3 +137,95 @@ def test_filter_wraps_errors_and_takes_tp():
         kv_bytes_per_token({})
     with pytest.raises(AnsibleFilterError, match='tensor_parallel_size'):
         kv_bytes_per_token(LLAMA, tensor_parallel_size=0)
+
+
+# Configs that leave fields to the transformers class defaults (memory_plan.py cites the classes).
+# Written for these tests with the fields such checkpoints give; not copies of upstream files
+# (the real config.json fixtures are in kv_fixtures/, test_kv_fixtures.py).
+GEMMA3_27B_SHAPED = {
+    'architectures': ['Gemma3ForConditionalGeneration'], 'model_type': 'gemma3',
+    'text_config': {'model_type': 'gemma3_text', 'head_dim': 128, 'hidden_size': 5376, 'num_attention_heads': 32,
+                    'num_hidden_layers': 62, 'num_key_value_heads': 16, 'sliding_window': 1024},
+    'vision_config': {'model_type': 'siglip_vision_model', 'hidden_size': 1152},
+}
+
+
+def test_gemma3_without_a_layer_pattern_uses_the_class_default_of_five_sliding_to_one_full():
+    layout = kv_cache_layout(GEMMA3_27B_SHAPED)
+    assert layout['full_layers'] == 10  # layers 5, 11, ..., 59 of 62
+    assert layout['full_bytes_per_token'] == 10 * 16 * (128 + 128) * 2 == 81920
+    assert layout['sliding'] == [{'window': 1024, 'layers': 52, 'bytes_per_token': 52 * 16 * 256 * 2}]
+    assert full_attention_layers(GEMMA3_27B_SHAPED)[1].startswith('sliding_window_pattern 6')
+
+
+def test_gemma3_sliding_window_pattern_is_read():
+    config = {'model_type': 'gemma3_text', 'num_hidden_layers': 26, 'num_attention_heads': 4, 'num_key_value_heads': 1,
+              'head_dim': 256, 'sliding_window': 512, 'sliding_window_pattern': 2}
+    assert full_attention_layers(config)[0] == 13
+
+
+def test_gemma3_text_config_without_head_counts_uses_the_class_defaults():
+    # A 4B-style text_config: no num_attention_heads, num_key_value_heads, head_dim.
+    config = {'architectures': ['Gemma3ForConditionalGeneration'], 'model_type': 'gemma3',
+              'text_config': {'hidden_size': 2560, 'num_hidden_layers': 34, 'sliding_window': 1024,
+                              'model_type': 'gemma3_text'}}
+    # Gemma3TextConfig defaults: 4 KV heads of head_dim 256; 5 full layers of 34.
+    assert kv_bytes_per_token_from_config(config) == 5 * 4 * 512 * 2 == 20480
+    assert kv_bytes_per_token_from_config(config, 2) == 10240
+
+
+def test_gemma2_without_layer_types_alternates():
+    config = {'architectures': ['Gemma2ForCausalLM'], 'model_type': 'gemma2', 'num_hidden_layers': 42,
+              'num_attention_heads': 16, 'num_key_value_heads': 8, 'head_dim': 256, 'sliding_window': 4096}
+    layout = kv_cache_layout(config)
+    assert (layout['full_layers'], layout['sliding'][0]['layers']) == (21, 21)
+
+
+def test_gemma4_full_layers_use_global_head_dim_and_global_kv_heads_only_with_k_eq_v():
+    text = {'model_type': 'gemma4_text', 'num_hidden_layers': 6, 'num_attention_heads': 8, 'num_key_value_heads': 4,
+            'head_dim': 256, 'global_head_dim': 512, 'num_global_key_value_heads': 1, 'sliding_window': 512,
+            'layer_types': ['sliding_attention'] * 5 + ['full_attention']}
+    config = {'model_type': 'gemma4', 'text_config': text}
+    assert kv_bytes_per_token_from_config(config) == 1 * 4 * 1024 * 2  # k_eq_v absent: 4 KV heads
+    text['attention_k_eq_v'] = True
+    assert kv_bytes_per_token_from_config(config) == 1 * 1 * 1024 * 2
+    del text['global_head_dim']  # Gemma4TextConfig default 512
+    assert kv_bytes_per_token_from_config(config) == 2048
+    text['per_layer_config'] = {}  # a saved config's own per-layer overrides win (none here)
+    assert kv_bytes_per_token_from_config(config) == 4 * 512 * 2
+
+
+def test_gemma4_kv_shared_layers_hold_no_cache():
+    text = {'model_type': 'gemma4_text', 'num_hidden_layers': 12, 'num_attention_heads': 8, 'num_key_value_heads': 1,
+            'head_dim': 256, 'global_head_dim': 512, 'sliding_window': 512, 'num_kv_shared_layers': 6}
+    layout = kv_cache_layout({'model_type': 'gemma4', 'text_config': text})
+    # default pattern: layers 5 and 11 full; 6..11 shared: one full (layer 5), five sliding own a cache
+    assert (layout['full_layers'], layout['sliding'][0]['layers'], layout['shared_layers']) == (1, 5, 6)
+    assert layout['full_bytes_per_token'] == 1 * 1 * 1024 * 2
+
+
+def test_llama4_no_rope_layers_and_chunk_size():
+    text = {'model_type': 'llama4_text', 'num_hidden_layers': 8, 'num_attention_heads': 8, 'num_key_value_heads': 2,
+            'head_dim': 64, 'no_rope_layers': [1, 1, 1, 0, 1, 1, 1, 0], 'attention_chunk_size': 4096}
+    layout = kv_cache_layout({'model_type': 'llama4', 'text_config': text})
+    assert layout['full_layers'] == 2
+    assert layout['chunked'] == [{'chunk': 4096, 'layers': 6, 'bytes_per_token': 6 * 2 * 128 * 2}]
+    del text['attention_chunk_size']  # absent: the class default 8192
+    assert kv_cache_layout({'model_type': 'llama4', 'text_config': text})['chunked'][0]['chunk'] == 8192
+    text['attention_chunk_size'] = None  # null: no chunking, every layer full
+    assert kv_cache_layout({'model_type': 'llama4', 'text_config': text})['full_layers'] == 8
+
+
+def test_jamba_mamba_state_is_refused_not_guessed():
+    config = dict(LLAMA, attn_layer_period=8, attn_layer_offset=4)
+    layout = kv_cache_layout(config)
+    assert layout['recurrent_layers'] == 28 and layout['recurrent_state_bytes_per_sequence'] is None
+    with pytest.raises(MemoryPlanError, match='memory_plan_kv_bytes_per_token'):
+        recurrent_state_bytes_per_sequence(config)
+    assert kv_bytes_per_token_from_config(config) == 2 * 4 * 8 * 128 * 2
+
+
+def test_layers_block_type_with_mamba_and_mlp_layers():
+    config = dict(LLAMA, num_hidden_layers=4, layers_block_type=['mamba', 'attention', 'mlp', 'moe'])
+    layout = kv_cache_layout(config)
+    assert (layout['full_layers'], layout['recurrent_layers'], layout['no_cache_layers']) == (1, 1, 2)
