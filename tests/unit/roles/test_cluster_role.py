@@ -12,7 +12,10 @@ plays that render every template variant the tests read (one task per variant, o
 host it names, with that variant's values as task vars: above the role defaults and vars that the
 play loads, as the -e of one start per variant was), then the input checks on the example
 inventory's sparks and on a batch of bad pairs (each pair its own cluster_name, so the pairs do not
-see each other), and a last play on the example's singles with a tensor-parallel plan."""
+see each other), and a last play on the example's singles with a tensor-parallel plan. A bad value
+that the input_problems lookup refuses from the pair's own values alone (meta/checks.yml) is checked
+in this process instead (BAD_DATA); the play keeps the refusals of the role's tasks and of the data
+that reads a default (BAD)."""
 import json
 import os
 import re
@@ -24,6 +27,11 @@ import textwrap
 import pytest
 import yaml
 
+from ansible_collections.sparkops.appliance.plugins.plugin_utils._role_inputs import (
+    input_problems,
+    load_role_checks,
+    load_role_options,
+)
 from harness import ROOT, batch_inventory, host_results, play_json
 
 EXAMPLE = os.path.join(ROOT, "inventories", "example")
@@ -63,18 +71,28 @@ VALIDATE = """
   tasks:%(tasks)s
 """ % {"tasks": VALIDATE_TASKS}
 
+# Refused by the role's tasks as a play runs them: the argument spec of the validate entry point
+# (Ansible's own message), validate_pair.yml (what reads the pair's other host and the plan), and a
+# check of the data that reads a role default (cluster_container_model_path).
 BAD = [
     ({"worker": {"cluster_role": "head"}}, "exactly one with cluster_role head"),
     ({"worker": {"cluster_role": "wrker"}}, "cluster_role must be one of: , head, worker, got: wrker"),
-    ({"worker": {"cluster_role": ""}}, 'cluster_role = "": not one of "head", "worker"'),
-    ({"worker": {"spark_interconnect_ip": ""}}, 'spark_interconnect_ip = "": not an IPv4 address'),
     ({"worker": {"spark_interconnect_ip": "10.10.0.1"}}, 'different on the two nodes'),
-    ({"worker": {"spark_interconnect_ip": "10.10.0.300"}}, 'spark_interconnect_ip = "10.10.0.300": not an IPv4 address'),
-    ({"group": {"spark_interconnect_if": ""}}, 'spark_interconnect_if = "": not a network interface name'),
     ({"group": {"memory_plan_tensor_parallel_size": 1}}, "memory_plan_tensor_parallel_size must be 2"),
     # the serve role's data refuses the executor flags on a pair's hosts (its refuse_flags, when cluster_role)
     ({"group": {"serve_extra_args": ["--distributed-executor-backend", "uni"]}},
      'serve_extra_args = ["--distributed-executor-backend", "uni"]: --distributed-executor-backend is refused here'),
+    ({"group": {"serve_container_model_path": "/srv/model"}},
+     'cluster_container_model_path = "/model": not equal to serve_container_model_path ("/srv/model")'),
+]
+# Refused by the input_problems lookup from a value of the pair's own (meta/checks.yml of cluster and
+# common): checked in this process, input_problems with the options and checks of the roles the two
+# validate entry points ask for (cluster and common, serve and common), each case a pair's values.
+BAD_DATA = [
+    ({"worker": {"cluster_role": ""}}, 'cluster_role = "": not one of "head", "worker"'),
+    ({"worker": {"spark_interconnect_ip": ""}}, 'spark_interconnect_ip = "": not an IPv4 address'),
+    ({"worker": {"spark_interconnect_ip": "10.10.0.300"}}, 'spark_interconnect_ip = "10.10.0.300": not an IPv4 address'),
+    ({"group": {"spark_interconnect_if": ""}}, 'spark_interconnect_if = "": not a network interface name'),
     ({"group": {"spark_ib_hca": "mlx5 0"}}, 'spark_ib_hca = "mlx5 0": not an NCCL_IB_HCA value'),
     # the Ray settings (meta/checks.yml), each its own message
     ({"group": {"spark_ray_port": 0}}, "spark_ray_port = 0: below 1"),
@@ -84,9 +102,8 @@ BAD = [
     ({"group": {"cluster_ray_object_store_bytes": 1000}}, "cluster_ray_object_store_bytes = 1000: below 78643200"),
     ({"group": {"cluster_join_timeout_s": 0}}, "cluster_join_timeout_s = 0: below 1"),
     ({"group": {"cluster_ipc": "hosts"}}, 'cluster_ipc = "hosts": not host, private, shareable, none or container:NAME'),
-    ({"group": {"serve_container_model_path": "/srv/model"}},
-     'cluster_container_model_path = "/model": not equal to serve_container_model_path ("/srv/model")'),
 ]
+VALIDATE_ROLES = (("cluster", "common"), ("serve", "common"))
 
 
 def pair_hosts(index, head=None, worker=None, group=None):
@@ -217,6 +234,24 @@ def test_bad_pair_is_refused_naming_it(run, change, message):
     failed, msg = validate(run[0], list(pair_hosts(BAD.index((change, message)), **change)))
     assert failed
     assert message in msg, msg
+
+
+@pytest.mark.parametrize("change, message", BAD_DATA, ids=[str(i) for i in range(len(BAD_DATA))])
+def test_bad_pair_value_is_refused_by_the_checks_naming_it(change, message):
+    """What the two validate entry points' "Refuse values of the wrong type" tasks join for the pair's
+    hosts (their input_problems lookups), in this process."""
+    problems = [problem for roles in VALIDATE_ROLES
+                for values in pair_hosts(BAD_DATA.index((change, message)), **change).values()
+                for problem in input_problems(values, load_role_options(roles=list(roles)), load_role_checks(roles=list(roles)))]
+    assert problems
+    assert message in " | ".join(problems), problems
+
+
+def test_a_good_pair_passes_the_checks():
+    """The pair every case above changes one value of: nothing refused (so each refusal is its change's)."""
+    for roles in VALIDATE_ROLES:
+        for values in pair_hosts(0).values():
+            assert input_problems(values, load_role_options(roles=list(roles)), load_role_checks(roles=list(roles))) == []
 
 
 def test_a_pair_of_one_is_refused(run):
