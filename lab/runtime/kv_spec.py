@@ -1,0 +1,212 @@
+# -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""vLLM's own KV cache spec of each model folder (a config.json, no weights), as a JSON table.
+
+Runs inside the lab's CPU vLLM image, offline, with no weights and no tokenizer:
+
+    fixtures=tests/unit/plugins/module_utils/kv_fixtures
+    docker run --rm --network none --name kvspec-$$ --entrypoint /opt/vllm/bin/python \\
+        -v "$PWD/$fixtures:/fixtures:ro" -v "$PWD/lab/runtime/kv_spec.py:/kv_spec.py:ro" \\
+        "$(lab/runtime/tag.sh)" /kv_spec.py /fixtures --tp 1 2 > "$fixtures/vllm_kv_spec.json"
+
+For each folder under the fixtures directory (one config.json each) and each tensor-parallel size,
+a child process (one per TP rank, a gloo group on 127.0.0.1) does what vLLM's engine does before
+it profiles memory, and nothing more:
+
+- ``EngineArgs(model=<copy of the folder>, load_format="dummy", skip_tokenizer_init=True,
+  dtype="bfloat16", tensor_parallel_size=N).create_engine_config()`` (the copy has its
+  ``quantization_config`` removed: weight quantisation does not change the KV cache spec, and
+  the CPU image cannot build NVFP4/FP8 layers);
+- the model built by ``initialize_model()`` under ``torch.device("meta")`` (no weight memory);
+- ``get_kv_cache_spec()`` as the model runner does: every ``AttentionLayerBase`` of the static
+  forward context, a layer that reuses another's cache (``kv_sharing_target_layer_name``)
+  skipped.
+
+Per layer, bytes per token = ``page_size_bytes / block_size`` (attention), the unpadded
+state bytes per sequence (Mamba/GDN); grouped by kind: ``full`` (full and latent attention),
+``sliding`` (per window), ``chunked`` (per chunk), ``recurrent``. One JSON object on stdout:
+``{fixture: {"tp1": {...}, "tp2": {...}}, "_meta": {...}}``; a fixture vLLM cannot build
+records ``{"error": ...}`` instead. The unit test tests/unit/plugins/module_utils/
+test_kv_fixtures.py compares the collection's reading with this table.
+"""
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import traceback
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _model_dir(src):
+    """A writable copy of the fixture's config.json without its quantization_config."""
+    with open(os.path.join(src, "config.json")) as handle:
+        config = json.load(handle)
+    dropped = [k for k in ("quantization_config", "compression_config") if config.pop(k, None) is not None]
+    text = config.get("text_config")
+    if isinstance(text, dict) and text.pop("quantization_config", None) is not None:
+        dropped.append("text_config.quantization_config")
+    dst = tempfile.mkdtemp(prefix="kvspec-")
+    with open(os.path.join(dst, "config.json"), "w") as handle:
+        json.dump(config, handle)
+    return dst, dropped
+
+
+def _describe(spec):
+    """One layer's spec as plain JSON: kind, shape and bytes."""
+    from vllm.v1 import kv_cache_interface as kci
+
+    name = type(spec).__name__
+    out = {"spec": name, "block_size": spec.block_size, "page_size_bytes": spec.page_size_bytes}
+    if isinstance(spec, kci.MambaSpec):
+        out.update(kind="recurrent", shapes=[list(s) for s in spec.shapes],
+                   dtypes=[str(d).replace("torch.", "") for d in spec.dtypes],
+                   state_bytes=spec.real_page_size_bytes)
+        return out
+    if isinstance(spec, kci.AttentionSpec):
+        out.update(num_kv_heads=spec.num_kv_heads, head_size=spec.head_size,
+                   head_size_v=spec.head_size_v, dtype=str(spec.dtype).replace("torch.", ""),
+                   bytes_per_token=spec.real_page_size_bytes / spec.block_size)
+        if isinstance(spec, kci.SlidingWindowSpec):
+            out.update(kind="sliding", window=spec.sliding_window)
+        elif isinstance(spec, kci.ChunkedLocalAttentionSpec):
+            out.update(kind="chunked", chunk=spec.attention_chunk_size)
+        elif isinstance(spec, kci.FullAttentionSpec):
+            out.update(kind="full", latent=isinstance(spec, kci.MLAAttentionSpec),
+                       sliding_window=getattr(spec, "sliding_window", None))
+        else:
+            out.update(kind=name)
+        return out
+    out.update(kind=name)
+    return out
+
+
+def _summary(layers):
+    full = [l for l in layers.values() if l["kind"] == "full"]
+    groups = {"sliding": {}, "chunked": {}}
+    for layer in layers.values():
+        if layer["kind"] in groups:
+            key = layer.get("window", layer.get("chunk"))
+            entry = groups[layer["kind"]].setdefault(key, {"layers": 0, "bytes_per_token": 0})
+            entry["layers"] += 1
+            entry["bytes_per_token"] += layer["bytes_per_token"]
+    recurrent = [l for l in layers.values() if l["kind"] == "recurrent"]
+    return {
+        "full_layers": len(full),
+        "full_bytes_per_token": sum(l["bytes_per_token"] for l in full),
+        "sliding": [dict(window=k, **v) for k, v in sorted(groups["sliding"].items())],
+        "chunked": [dict(chunk=k, **v) for k, v in sorted(groups["chunked"].items())],
+        "recurrent_layers": len(recurrent),
+        "recurrent_state_bytes_per_sequence": sum(l["state_bytes"] for l in recurrent),
+        "recurrent_dtypes": sorted({"/".join(l["dtypes"]) for l in recurrent}),
+        "other": sorted({l["kind"] for l in layers.values()} - {"full", "sliding", "chunked", "recurrent"}),
+    }
+
+
+def _rank(rank, tp, port, model, queue):
+    """One TP rank: build the engine config and the model on the meta device, read the spec."""
+    try:
+        import torch
+        from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
+        from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+        from vllm.model_executor.model_loader.utils import initialize_model
+
+        args = EngineArgs(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+                          tensor_parallel_size=tp, enforce_eager=True, max_model_len=8192,
+                          distributed_executor_backend="mp" if tp > 1 else None)
+        vllm_config = args.create_engine_config()
+        with set_current_vllm_config(vllm_config):
+            init_distributed_environment(world_size=tp, rank=rank, local_rank=rank, backend="gloo",
+                                         distributed_init_method="tcp://127.0.0.1:%d" % port)
+            ensure_model_parallel_initialized(tp, 1)
+            with torch.device("meta"):
+                initialize_model(vllm_config=vllm_config)
+            layers = {}
+            shared = []
+            for name, module in get_layers_from_vllm_config(vllm_config, AttentionLayerBase).items():
+                if getattr(module, "kv_sharing_target_layer_name", None):
+                    shared.append(name)
+                    continue
+                spec = module.get_kv_cache_spec(vllm_config)
+                if spec is not None:
+                    layers[name] = _describe(spec)
+        result = _summary(layers)
+        result.update(shared_layers=len(shared), model_dtype=str(vllm_config.model_config.dtype).replace("torch.", ""),
+                      cache_dtype=vllm_config.cache_config.cache_dtype, layers=layers)
+        queue.put((rank, result))
+    except BaseException as exc:  # report, never hang the parent
+        queue.put((rank, {"error": "%s: %s" % (type(exc).__name__, exc),
+                          "trace": traceback.format_exc()[-3000:]}))
+
+
+def measure(folder, tp, timeout):
+    model, dropped = _model_dir(folder)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, tp, port, model, queue)) for r in range(tp)]
+    for proc in procs:
+        proc.start()
+    results = {}
+    try:
+        for _ in procs:
+            rank, result = queue.get(timeout=timeout)
+            results[rank] = result
+            if "error" in result:
+                break
+    except Exception as exc:  # queue.Empty: a rank hung
+        results.setdefault(0, {"error": "no answer in %d s (%s)" % (timeout, type(exc).__name__)})
+    finally:
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.terminate()
+        shutil.rmtree(model, ignore_errors=True)
+    result = results.get(0) or next(iter(results.values()))
+    if dropped:
+        result["dropped_from_config"] = dropped
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("fixtures", help="a folder of model folders, each with a config.json")
+    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--only", nargs="*", help="these model folders only")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per model and TP size")
+    args = parser.parse_args()
+    import torch
+    import transformers
+    import vllm
+
+    table = {"_meta": {"vllm": vllm.__version__, "torch": torch.__version__,
+                       "transformers": transformers.__version__, "script": "lab/runtime/kv_spec.py",
+                       "measured": True}}
+    names = sorted(n for n in os.listdir(args.fixtures)
+                   if os.path.isfile(os.path.join(args.fixtures, n, "config.json")))
+    for name in names:
+        if args.only and name not in args.only:
+            continue
+        table[name] = {}
+        for tp in args.tp:
+            result = measure(os.path.join(args.fixtures, name), tp, args.timeout)
+            table[name]["tp%d" % tp] = result
+            print("%s tp%d: %s" % (name, tp, result.get("error") or "full %s B/token" % result["full_bytes_per_token"]),
+                  file=sys.stderr, flush=True)
+    json.dump(table, sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
