@@ -17,7 +17,8 @@ it profiles memory, and nothing more:
 - ``EngineArgs(model=<copy of the folder>, load_format="dummy", skip_tokenizer_init=True,
   dtype="bfloat16", tensor_parallel_size=N).create_engine_config()`` (the copy has its
   ``quantization_config`` removed: weight quantisation does not change the KV cache spec, and
-  the CPU image cannot build NVFP4/FP8 layers);
+  the CPU image cannot build NVFP4/FP8 layers; and its ``auto_map``: the remote code it names is
+  not in the folder, transformers' own class is used where it has one);
 - the model built by ``initialize_model()`` under ``torch.device("meta")`` (no weight memory);
 - ``get_kv_cache_spec()`` as the model runner does: every ``AttentionLayerBase`` of the static
   forward context, a layer that reuses another's cache (``kv_sharing_target_layer_name``)
@@ -51,7 +52,8 @@ def _model_dir(src):
     """A writable copy of the fixture's config.json without its quantization_config."""
     with open(os.path.join(src, "config.json")) as handle:
         config = json.load(handle)
-    dropped = [k for k in ("quantization_config", "compression_config") if config.pop(k, None) is not None]
+    # auto_map names remote code the folder does not have: transformers' own class is used instead.
+    dropped = [k for k in ("quantization_config", "compression_config", "auto_map") if config.pop(k, None) is not None]
     text = config.get("text_config")
     if isinstance(text, dict) and text.pop("quantization_config", None) is not None:
         dropped.append("text_config.quantization_config")

