@@ -8,7 +8,7 @@ Runs inside the lab's CPU vLLM image, offline, with no weights and no tokenizer:
     fixtures=tests/unit/plugins/module_utils/kv_fixtures
     docker run --rm --network none --name kvspec-$$ --entrypoint /opt/vllm/bin/python \\
         -v "$PWD/$fixtures:/fixtures:ro" -v "$PWD/lab/runtime/kv_spec.py:/kv_spec.py:ro" \\
-        "$(lab/runtime/tag.sh)" /kv_spec.py /fixtures --tp 1 2 > "$fixtures/vllm_kv_spec.json"
+        "$(lab/runtime/tag.sh)" /kv_spec.py /fixtures --tp 1 2 > measured.json
 
 For each folder under the fixtures directory (one config.json each) and each tensor-parallel size,
 a child process (one per TP rank, a gloo group on 127.0.0.1) does what vLLM's engine does before
@@ -28,8 +28,13 @@ Per layer, bytes per token = ``page_size_bytes / block_size`` (attention), the u
 state bytes per sequence (Mamba/GDN); grouped by kind: ``full`` (full and latent attention),
 ``sliding`` (per window), ``chunked`` (per chunk), ``recurrent``. One JSON object on stdout:
 ``{fixture: {"tp1": {...}, "tp2": {...}}, "_meta": {...}}``; a fixture vLLM cannot build
-records ``{"error": ...}`` instead. The unit test tests/unit/plugins/module_utils/
-test_kv_fixtures.py compares the collection's reading with this table.
+records ``{"error": ...}`` instead. Then, on the host, merge it into the fixtures' table (the
+figures derived by hand from vLLM's source stay for the fixtures vLLM could not build):
+
+    python3 lab/runtime/kv_spec.py --merge measured.json "$fixtures/vllm_kv_spec.json"
+
+The unit test tests/unit/plugins/module_utils/test_kv_fixtures.py compares the collection's
+reading with that table.
 """
 import argparse
 import json
@@ -181,7 +186,37 @@ def measure(folder, tp, timeout):
     return result
 
 
+def merge(measured_path, table_path):
+    """On the host: measured entries (no error) replace the table's, marked "measured"; a fixture
+    vLLM could not build keeps the table's entry (hand-derived) with the error beside it."""
+    with open(measured_path) as handle:
+        measured = json.load(handle)
+    with open(table_path) as handle:
+        table = json.load(handle)
+    for name, runs in measured.items():
+        if name == "_meta":
+            continue
+        errors = {tp: r["error"] for tp, r in runs.items() if "error" in r}
+        if errors or name not in table:
+            entry = table.setdefault(name, {"source": "hand-derived"})
+            entry["measure_error"] = errors or "not in the table"
+            continue
+        entry = {"source": "measured", "dropped_from_config": runs[sorted(runs)[0]].get("dropped_from_config", [])}
+        for tp, run in runs.items():
+            entry[tp] = {k: v for k, v in run.items() if k not in ("trace", "dropped_from_config")}
+        if "derivation" in table[name]:
+            entry["hand_derivation"] = table[name]["derivation"]
+        table[name] = entry
+    table["_meta"] = dict(measured["_meta"], hand_derived=sorted(
+        n for n, e in table.items() if n != "_meta" and e.get("source") != "measured"))
+    with open(table_path, "w") as handle:
+        json.dump(table, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+
+
 def main():
+    if sys.argv[1:2] == ["--merge"]:
+        return merge(sys.argv[2], sys.argv[3])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("fixtures", help="a folder of model folders, each with a config.json")
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
