@@ -10,9 +10,9 @@ Runs inside the lab's CPU vLLM image, offline, with no weights and no tokenizer:
         -v "$PWD/$fixtures:/fixtures:ro" -v "$PWD/lab/runtime/kv_spec.py:/kv_spec.py:ro" \\
         "$(lab/runtime/tag.sh)" /kv_spec.py /fixtures --tp 1 2 > measured.json
 
-For each folder under the fixtures directory (one config.json each) and each tensor-parallel size,
-a child process (one per TP rank, a gloo group on 127.0.0.1) does what vLLM's engine does before
-it profiles memory, and nothing more:
+For each tensor-parallel size N, N child processes (the ranks, a gloo group on 127.0.0.1) take
+every folder under the fixtures directory (one config.json each) in turn and do what vLLM's engine
+does before it profiles memory, and nothing more:
 
 - ``EngineArgs(model=<copy of the folder>, load_format="dummy", skip_tokenizer_init=True,
   dtype="bfloat16", tensor_parallel_size=N).create_engine_config()`` (the copy has its
@@ -119,8 +119,9 @@ def _summary(layers):
     }
 
 
-def _rank(rank, tp, port, model, queue):
-    """One TP rank: build the engine config and the model on the meta device, read the spec."""
+def _rank(rank, tp, port, models, queue):
+    """One TP rank: for each model folder, build the engine config and the model on the meta
+    device and read the spec. One process per rank serves every model (vLLM imports once)."""
     try:
         import torch
         from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
@@ -128,62 +129,73 @@ def _rank(rank, tp, port, model, queue):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
         from vllm.model_executor.model_loader.utils import initialize_model
+    except BaseException as exc:
+        for name in models:
+            queue.put((name, rank, {"error": "import: %s: %s" % (type(exc).__name__, exc)}))
+        return
+    for name, model in models.items():
+        try:
+            args = EngineArgs(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+                              tensor_parallel_size=tp, enforce_eager=True, max_model_len=8192,
+                              distributed_executor_backend="mp" if tp > 1 else None)
+            vllm_config = args.create_engine_config()
+            with set_current_vllm_config(vllm_config):
+                if not torch.distributed.is_initialized():
+                    init_distributed_environment(world_size=tp, rank=rank, local_rank=rank, backend="gloo",
+                                                 distributed_init_method="tcp://127.0.0.1:%d" % port)
+                ensure_model_parallel_initialized(tp, 1)
+                with torch.device("meta"):
+                    initialize_model(vllm_config=vllm_config)
+                layers = {}
+                shared = []
+                for layer_name, module in get_layers_from_vllm_config(vllm_config, AttentionLayerBase).items():
+                    if getattr(module, "kv_sharing_target_layer_name", None):
+                        shared.append(layer_name)
+                        continue
+                    spec = module.get_kv_cache_spec(vllm_config)
+                    if spec is not None:
+                        layers[layer_name] = _describe(spec)
+            result = _summary(layers)
+            result.update(shared_layers=len(shared), model_dtype=str(vllm_config.model_config.dtype).replace("torch.", ""),
+                          cache_dtype=vllm_config.cache_config.cache_dtype, layers=layers)
+        except BaseException as exc:  # report, go on with the next model
+            result = {"error": "%s: %s" % (type(exc).__name__, exc), "trace": traceback.format_exc()[-3000:]}
+        queue.put((name, rank, result))
 
-        args = EngineArgs(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-                          tensor_parallel_size=tp, enforce_eager=True, max_model_len=8192,
-                          distributed_executor_backend="mp" if tp > 1 else None)
-        vllm_config = args.create_engine_config()
-        with set_current_vllm_config(vllm_config):
-            init_distributed_environment(world_size=tp, rank=rank, local_rank=rank, backend="gloo",
-                                         distributed_init_method="tcp://127.0.0.1:%d" % port)
-            ensure_model_parallel_initialized(tp, 1)
-            with torch.device("meta"):
-                initialize_model(vllm_config=vllm_config)
-            layers = {}
-            shared = []
-            for name, module in get_layers_from_vllm_config(vllm_config, AttentionLayerBase).items():
-                if getattr(module, "kv_sharing_target_layer_name", None):
-                    shared.append(name)
-                    continue
-                spec = module.get_kv_cache_spec(vllm_config)
-                if spec is not None:
-                    layers[name] = _describe(spec)
-        result = _summary(layers)
-        result.update(shared_layers=len(shared), model_dtype=str(vllm_config.model_config.dtype).replace("torch.", ""),
-                      cache_dtype=vllm_config.cache_config.cache_dtype, layers=layers)
-        queue.put((rank, result))
-    except BaseException as exc:  # report, never hang the parent
-        queue.put((rank, {"error": "%s: %s" % (type(exc).__name__, exc),
-                          "trace": traceback.format_exc()[-3000:]}))
 
-
-def measure(folder, tp, timeout):
-    model, dropped = _model_dir(folder)
+def measure(folders, tp, timeout):
+    """{name: rank 0's result} for every folder at this TP size."""
+    copies = {name: _model_dir(folder) for name, folder in folders.items()}
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, tp, port, model, queue)) for r in range(tp)]
+    models = {name: copy[0] for name, copy in copies.items()}
+    procs = [ctx.Process(target=_rank, args=(r, tp, port, models, queue)) for r in range(tp)]
     for proc in procs:
         proc.start()
     results = {}
     try:
-        for _ in procs:
-            rank, result = queue.get(timeout=timeout)
-            results[rank] = result
-            if "error" in result:
-                break
+        for _ in range(len(models) * tp):
+            name, rank, result = queue.get(timeout=timeout)
+            if (rank == 0 and "error" not in results.get(name, {})) or (rank and "error" in result):
+                results[name] = result  # rank 0's figures, unless a rank failed
+            print("%s tp%d rank %d: %s" % (name, tp, rank, result.get("error") or
+                                           "full %s B/token" % result["full_bytes_per_token"]),
+                  file=sys.stderr, flush=True)
     except Exception as exc:  # queue.Empty: a rank hung
-        results.setdefault(0, {"error": "no answer in %d s (%s)" % (timeout, type(exc).__name__)})
+        for name in models:
+            results.setdefault(name, {"error": "no answer in %d s (%s)" % (timeout, type(exc).__name__)})
     finally:
         for proc in procs:
             proc.join(5)
             if proc.is_alive():
                 proc.terminate()
-        shutil.rmtree(model, ignore_errors=True)
-    result = results.get(0) or next(iter(results.values()))
-    if dropped:
-        result["dropped_from_config"] = dropped
-    return result
+        for model, _dropped in copies.values():
+            shutil.rmtree(model, ignore_errors=True)
+    for name, (_model, dropped) in copies.items():
+        if dropped and name in results:
+            results[name]["dropped_from_config"] = dropped
+    return results
 
 
 def merge(measured_path, table_path):
@@ -221,7 +233,7 @@ def main():
     parser.add_argument("fixtures", help="a folder of model folders, each with a config.json")
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--only", nargs="*", help="these model folders only")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds per model and TP size")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds to wait for the next model's answer")
     args = parser.parse_args()
     import torch
     import transformers
@@ -231,16 +243,12 @@ def main():
                        "transformers": transformers.__version__, "script": "lab/runtime/kv_spec.py",
                        "measured": True}}
     names = sorted(n for n in os.listdir(args.fixtures)
-                   if os.path.isfile(os.path.join(args.fixtures, n, "config.json")))
-    for name in names:
-        if args.only and name not in args.only:
-            continue
-        table[name] = {}
-        for tp in args.tp:
-            result = measure(os.path.join(args.fixtures, name), tp, args.timeout)
-            table[name]["tp%d" % tp] = result
-            print("%s tp%d: %s" % (name, tp, result.get("error") or "full %s B/token" % result["full_bytes_per_token"]),
-                  file=sys.stderr, flush=True)
+                   if os.path.isfile(os.path.join(args.fixtures, n, "config.json"))
+                   and (not args.only or n in args.only))
+    folders = {name: os.path.join(args.fixtures, name) for name in names}
+    for tp in args.tp:
+        for name, result in measure(folders, tp, args.timeout).items():
+            table.setdefault(name, {})["tp%d" % tp] = result
     json.dump(table, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
 
