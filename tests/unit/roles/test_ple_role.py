@@ -1,6 +1,7 @@
 """The ple role through ansible-playbook: its two paths suffice, and every bad ple_* value is
 refused on the controller, before anything connects to the host, with a message that names the
-variable, the value and the fix."""
+variable, the value and the fix. The bad values are checked in this process (input_problems, what
+the role's check calls) and a dozen of them, of every kind, also through the role in the sweep's play."""
 import json
 import os
 import sys
@@ -14,6 +15,11 @@ from harness import ROOT, ansible_env, host_results, run_playbook
 sys.path.insert(0, os.path.join(ROOT, "tests", "unit", "plugins"))
 
 from ple_checkpoints import PLE, PLE_AUDIO, build_checkpoint  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.sparkops.appliance.plugins.plugin_utils._role_inputs import (  # noqa: E402  pylint: disable=wrong-import-position
+    input_problems,
+    load_role_checks,
+    load_role_options,
+)
 
 
 def playbook(tmp_path, inventory, play, extra=()):
@@ -101,6 +107,14 @@ BAD = [
     ("mode-newline", {"ple_file_mode": "0644\n"}, "ple_file_mode", "0644\n", "holds a newline"),
 ]
 
+# The cases the sweep's play runs through the role (validate.yml's one check, the input_problems
+# lookup, as a play calls it): one or more of each kind, and the one whose value the lookup templates
+# from the role's defaults (model-name-dotdot). Every case but that one is also checked in this
+# process: input_problems with the ple role's options and checks, the host's values as given.
+IN_PLAY = {"ckpt-relative", "pack-relative", "ckpt-dotdot", "ckpt-list", "pack-is-ckpt-plain", "model-name-dotdot",
+           "align-5000", "patterns-bad-regex", "verify-string-false", "mode-number", "mode-symbolic", "mode-newline"}
+TEMPLATED = {"model-name-dotdot"}
+
 # Valid: refused by none of the checks (ple_enabled false skips the checks beyond type, as site.yml skips the role)
 ACCEPTED = [
     ("defaults-from-spark-model", {"ple_checkpoint_dir": None, "ple_pack_file": None,
@@ -172,7 +186,8 @@ def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ple-sweep")
     hosts = {}
     for name, overrides, *_expected in BAD:
-        hosts["bad-" + name] = host_vars(overrides, "validate")
+        if name in IN_PLAY:
+            hosts["bad-" + name] = host_vars(overrides, "validate")
     for name, overrides in ACCEPTED:
         hosts["ok-" + name] = host_vars(overrides, "validate")
     # the role's main entry point runs the same checks first, before its first host task
@@ -202,16 +217,35 @@ def sweep(tmp_path_factory):
     return results
 
 
-@pytest.mark.parametrize("name,overrides,var,value,fix", BAD, ids=[b[0] for b in BAD])
+def assert_names_variable_value_and_fix(msg, var, value, fix):
+    assert msg.startswith(var + " = ") or (" " + var + " = ") in msg, msg
+    assert json.dumps(value) in msg, msg
+    assert fix in msg, msg
+
+
+PLAY_BAD = [b for b in BAD if b[0] in IN_PLAY]
+
+
+@pytest.mark.parametrize("name,overrides,var,value,fix", PLAY_BAD, ids=[b[0] for b in PLAY_BAD])
 def test_bad_ple_value_is_refused_with_variable_value_and_fix(sweep, name, overrides, var, value, fix):
     res = sweep["bad-" + name]
     assert res["failed"] is True, "%s was accepted" % name
     # refused by validate.yml's input_problems lookup (not by the argument spec, whose messages lack the fix)
     assert res["task"].startswith("Refuse"), res
-    msg = " ".join(m for m in res["msgs"] if m and m != "One or more items failed")
-    assert msg.startswith(var + " = ") or (" " + var + " = ") in msg, msg
-    assert json.dumps(value) in msg, msg
-    assert fix in msg, msg
+    assert_names_variable_value_and_fix(" ".join(m for m in res["msgs"] if m and m != "One or more items failed"), var, value, fix)
+
+
+DATA_BAD = [b for b in BAD if b[0] not in TEMPLATED]
+
+
+@pytest.mark.parametrize("name,overrides,var,value,fix", DATA_BAD, ids=[b[0] for b in DATA_BAD])
+def test_bad_ple_value_is_refused_by_the_checks_in_process(name, overrides, var, value, fix):
+    """What validate.yml's "Refuse ..." task joins: input_problems of the ple role's options and checks."""
+    values = host_vars(overrides, "validate")
+    del values["entry"]
+    problems = input_problems(values, load_role_options(roles=["ple"]), load_role_checks(roles=["ple"]))
+    assert problems, "%s was accepted" % name
+    assert_names_variable_value_and_fix(" ".join(problems), var, value, fix)
 
 
 @pytest.mark.parametrize("name", [a[0] for a in ACCEPTED])
