@@ -12,6 +12,11 @@ import sys
 
 import pytest
 
+from ansible_collections.sparkops.appliance.plugins.plugin_utils._role_inputs import (
+    input_problems,
+    load_role_checks,
+    load_role_options,
+)
 from harness import ansible_env, run_playbook
 from ansible_json import stdout_json
 
@@ -27,7 +32,10 @@ APPLY_CASES = {
     "auto-not-a-container": ({"host_tuning_sysctl_apply": "auto", "host_tuning_container_virtualization_types": []}, True),
     "auto-in-a-container": ({"host_tuning_sysctl_apply": "auto", "host_tuning_container_virtualization_types": ITS_OWN_TYPE}, False),
 }
-REFUSED_CASES = {"string-true": "true", "yes": "yes", "one": 1, "always": "always"}
+# Refused by validate.yml's one check (the input_problems lookup): every value in this process, one
+# of them also through the role (its host in the play: refused, and nothing applied).
+REFUSED_VALUES = {"string-true": "true", "yes": "yes", "one": 1, "always": "always"}
+REFUSED_CASES = {"string-true": REFUSED_VALUES["string-true"]}
 SWAP_CASES = {"swap-on": 1048576, "swap-off": 0}
 FACTS_CASES = {"facts-no-swap": {"fstab": "no-swap"}, "facts-swap": {"fstab": "swap"}, "no-facts": {}}
 
@@ -120,6 +128,16 @@ def test_anything_else_is_refused_naming_the_variable(run):
         failures = [res for res in results[host].values() if res.get("failed")]
         assert failures and "host_tuning_sysctl_apply" in failures[0]["msg"], (host, results[host])
         assert APPLY not in results[host]
+
+
+@pytest.mark.parametrize("value", list(REFUSED_VALUES.values()), ids=list(REFUSED_VALUES))
+def test_anything_else_is_refused_naming_the_variable_in_process(value):
+    """What validate.yml's "Refuse ..." task joins (input_problems of the role's options and checks)."""
+    options, checks = load_role_options(roles=["host_tuning"]), load_role_checks(roles=["host_tuning"])
+    problems = input_problems({"host_tuning_sysctl_apply": value}, options, checks)
+    assert problems and "host_tuning_sysctl_apply" in problems[0], problems
+    for good, _applied in APPLY_CASES.values():
+        assert input_problems({"host_tuning_sysctl_apply": good["host_tuning_sysctl_apply"]}, options, checks) == []
 
 
 def test_swap_off_now_follows_preflights_swap_total(run):
