@@ -214,6 +214,26 @@ def test_unit_uses_the_helper_for_shm_start_bound_and_stop(renders):
     assert "systemctl restart" not in script
 
 
+def test_the_recycle_waits_for_its_slot_in_the_fleet(renders, tmp_path):
+    """The render's hosts are a fleet of "sparks" in this order: default, bytes, cache. The second
+    waits one slot (1800 s) after the timer fires; its service's timeout counts the wait too."""
+    first = (renders["default"] / "sparkops-serve-recycle.sh").read_text()
+    second = (renders["bytes"] / "sparkops-serve-recycle.sh").read_text()
+    assert "delay_s=${SPARKOPS_RECYCLE_DELAY_S:-0}\n" in first
+    assert "delay_s=${SPARKOPS_RECYCLE_DELAY_S:-1800}\n" in second
+    assert "\nTimeoutStartSec=4020\n" in (renders["bytes"] / "sparkops-serve-recycle.service").read_text()
+    d = tmp_path / "fake"
+    d.mkdir()
+    (d / "state").write_text("inactive\n")
+    bindir = fake_bin(tmp_path, "systemctl", FAKE_SYSTEMCTL % {"d": d})
+    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]), SPARKOPS_RECYCLE_DELAY_S="2")
+    t0 = time.monotonic()
+    r = subprocess.run(["/bin/sh", str(renders["bytes"] / "sparkops-serve-recycle.sh")], capture_output=True, text=True,
+                       env=env, timeout=60, check=False)
+    assert r.returncode == 0 and "waiting 2 s for this host's recycle slot" in r.stdout, r.stdout + r.stderr
+    assert time.monotonic() - t0 >= 2
+
+
 @needs_systemd
 def test_recycle_units_verify(renders):
     rendered = renders["default"]
