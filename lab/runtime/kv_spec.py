@@ -18,7 +18,9 @@ does before it profiles memory, and nothing more:
   dtype="bfloat16", tensor_parallel_size=N).create_engine_config()`` (the copy has its
   ``quantization_config`` removed: weight quantisation does not change the KV cache spec, and
   the CPU image cannot build NVFP4/FP8 layers; and its ``auto_map``: the remote code it names is
-  not in the folder, transformers' own class is used where it has one);
+  not in the folder, transformers' own class is used where it has one; a multimodal
+  ``<X>ForConditionalGeneration`` becomes its ``text_config`` as ``<X>ForCausalLM``: the wrapper
+  needs the processor (torchvision, not in the image), the language model holds the KV cache);
 - the model built by ``initialize_model()`` under ``torch.device("meta")`` (no weight memory);
 - ``get_kv_cache_spec()`` as the model runner does: every ``AttentionLayerBase`` of the static
   forward context, a layer that reuses another's cache (``kv_sharing_target_layer_name``)
@@ -31,7 +33,7 @@ state bytes per sequence (Mamba/GDN); grouped by kind: ``full`` (full and latent
 records ``{"error": ...}`` instead. Then, on the host, merge it into the fixtures' table (the
 figures derived by hand from vLLM's source stay for the fixtures vLLM could not build):
 
-    python3 lab/runtime/kv_spec.py --merge measured.json "$fixtures/vllm_kv_spec.json"
+    python3 lab/runtime/kv_spec.py --merge "$fixtures/vllm_kv_spec.json" measured.json
 
 The unit test tests/unit/plugins/module_utils/test_kv_fixtures.py compares the collection's
 reading with that table.
@@ -62,6 +64,18 @@ def _model_dir(src):
     text = config.get("text_config")
     if isinstance(text, dict) and text.pop("quantization_config", None) is not None:
         dropped.append("text_config.quantization_config")
+    archs = config.get("architectures") or []
+    text = config.get("text_config")
+    if len(archs) == 1 and archs[0].endswith("ForConditionalGeneration") and isinstance(text, dict):
+        # The multimodal wrapper needs the model's processor (torchvision, not in the CPU image);
+        # its language model is the vLLM class <X>ForCausalLM, whose layers hold the whole KV cache.
+        text = dict(text)
+        text["architectures"] = [archs[0].replace("ForConditionalGeneration", "ForCausalLM")]
+        for key in ("dtype", "torch_dtype", "tie_word_embeddings"):
+            if key in config and key not in text:
+                text[key] = config[key]
+        config = text
+        dropped.append("multimodal wrapper: text_config as %s" % text["architectures"][0])
     dst = tempfile.mkdtemp(prefix="kvspec-")
     with open(os.path.join(dst, "config.json"), "w") as handle:
         json.dump(config, handle)
@@ -122,6 +136,9 @@ def _summary(layers):
 def _rank(rank, tp, port, models, queue):
     """One TP rank: for each model folder, build the engine config and the model on the meta
     device and read the spec. One process per rank serves every model (vLLM imports once)."""
+    os.dup2(2, 1)  # vLLM logs to stdout: keep the parent's stdout for the table alone
+    # vLLM's CPU worker names its shared-memory TP groups after this (vllm/v1/worker/cpu_worker.py).
+    os.environ["VLLM_DIST_IDENT"] = str(port)
     try:
         import torch
         from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
@@ -198,11 +215,15 @@ def measure(folders, tp, timeout):
     return results
 
 
-def merge(measured_path, table_path):
+def merge(table_path, *measured_paths):
     """On the host: measured entries (no error) replace the table's, marked "measured"; a fixture
-    vLLM could not build keeps the table's entry (hand-derived) with the error beside it."""
-    with open(measured_path) as handle:
-        measured = json.load(handle)
+    vLLM could not build keeps the table's entry (hand-derived) with the error beside it. Several
+    measured files (one run per TP size, say) are combined first."""
+    measured = {}
+    for path in measured_paths:
+        with open(path) as handle:
+            for name, runs in json.load(handle).items():
+                measured.setdefault(name, {}).update(runs)
     with open(table_path) as handle:
         table = json.load(handle)
     for name, runs in measured.items():
@@ -228,13 +249,16 @@ def merge(measured_path, table_path):
 
 def main():
     if sys.argv[1:2] == ["--merge"]:
-        return merge(sys.argv[2], sys.argv[3])
+        return merge(*sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("fixtures", help="a folder of model folders, each with a config.json")
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--only", nargs="*", help="these model folders only")
     parser.add_argument("--timeout", type=int, default=600, help="seconds to wait for the next model's answer")
+    parser.add_argument("--out", help="write the table here (default: stdout)")
     args = parser.parse_args()
+    out = open(args.out, "w") if args.out else os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # vLLM logs to stdout: keep the table's stream for the table alone
     import torch
     import transformers
     import vllm
@@ -249,8 +273,12 @@ def main():
     for tp in args.tp:
         for name, result in measure(folders, tp, args.timeout).items():
             table.setdefault(name, {})["tp%d" % tp] = result
-    json.dump(table, sys.stdout, indent=1, sort_keys=True)
-    sys.stdout.write("\n")
+        if args.out:  # what is measured so far, should a later TP size not finish
+            with open(args.out + ".partial", "w") as partial:
+                json.dump(table, partial, indent=1, sort_keys=True)
+    json.dump(table, out, indent=1, sort_keys=True)
+    out.write("\n")
+    out.close()
 
 
 if __name__ == "__main__":
