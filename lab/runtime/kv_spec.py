@@ -10,6 +10,10 @@ Runs inside the lab's CPU vLLM image, offline, with no weights and no tokenizer:
         -v "$PWD/$fixtures:/fixtures:ro" -v "$PWD/lab/runtime/kv_spec.py:/kv_spec.py:ro" \\
         "$(lab/runtime/tag.sh)" /kv_spec.py /fixtures --tp 1 2 > measured.json
 
+Or, where docker is not at hand, with the same wheels in a venv on the host (the lab runtime's
+wheelhouse, with the `vllm` +cpu alias distribution lab/runtime/install.sh adds):
+`/path/to/venv/bin/python lab/runtime/kv_spec.py "$fixtures" --tp 1 2 --out measured.json`.
+
 For each tensor-parallel size N, N child processes (the ranks, a gloo group on 127.0.0.1) take
 every folder under the fixtures directory (one config.json each) in turn and do what vLLM's engine
 does before it profiles memory, and nothing more:
