@@ -196,7 +196,7 @@ def measure(folders, tp, timeout):
         proc.start()
     results = {}
     try:
-        for _ in range(len(models) * tp):
+        for _result in range(len(models) * tp):
             name, rank, result = queue.get(timeout=timeout)
             if (rank == 0 and "error" not in results.get(name, {})) or (rank and "error" in result):
                 results[name] = result  # rank 0's figures, unless a rank failed
@@ -254,7 +254,7 @@ def merge(table_path, *measured_paths):
 def main():
     if sys.argv[1:2] == ["--merge"]:
         return merge(*sys.argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("fixtures", help="a folder of model folders, each with a config.json")
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--only", nargs="*", help="these model folders only")

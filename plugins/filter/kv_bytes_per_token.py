@@ -11,15 +11,23 @@ name: kv_bytes_per_token
 short_description: BF16 KV-cache bytes per token of one rank, from a checkpoint's config.json
 version_added: 0.1.0
 description:
-  - "Standard attention: 2 (K and V) x layers x KV heads x head_dim x 2 bytes; head_dim is
-    C(head_dim) or C(hidden_size / num_attention_heads); KV heads default to the attention heads."
-  - "Hybrid models count only the full-attention layers: C(layer_types) (or C(layers_block_type))
-    entries C(full_attention)/C(attention), else every C(full_attention_interval)-th layer, else
-    C(attn_layer_period)/C(attn_layer_offset). Layers listed in C(num_kv_shared_layers) reuse
-    earlier caches and are not counted."
+  - "The bytes per token, on one rank, of the layers whose cache grows with every token (full
+    attention and MLA latent), BF16, read the way vLLM 0.32 builds the model's layers
+    (plugins/module_utils/memory_plan.py C(kv_cache_layout); docs/memory-plan.md, KV bytes per
+    token from the model, with the fixtures checked against vLLM's own KV cache spec)."
+  - "Standard attention: 2 (K and V) x full-attention layers x KV heads x head_dim x 2 bytes;
+    Gemma 4 full-attention layers use C(global_head_dim) and C(num_global_key_value_heads)."
+  - "Sliding-window and chunked-local layers (C(layer_types), Gemma 3's class-default pattern,
+    Llama 4's C(attention_chunk_size)), recurrent layers (C(hybrid_override_pattern),
+    C(hybrid_layer_pattern), C(layers_block_type), DeciLM C(block_configs)) and KV-shared layers
+    (C(num_kv_shared_layers)) are not counted here: their cost stops growing at the window or is
+    per sequence."
   - "Latent attention (DeepSeek-style, C(kv_lora_rank) present):
     layers x (kv_lora_rank + qk_rope_head_dim) x 2 bytes."
-  - A nested C(text_config) (multimodal checkpoints) is used when present.
+  - A nested C(text_config) (multimodal checkpoints) is used when present; fields it leaves out
+    take the transformers class defaults.
+  - "An architecture or field it cannot read is refused, naming the field and
+    C(memory_plan_kv_bytes_per_token), rather than given a wrong number."
   - "With O(tensor_parallel_size) N: KV heads split across ranks (at least one per rank); the
     MLA latent is replicated on every rank."
 options:
