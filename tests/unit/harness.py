@@ -102,6 +102,16 @@ def host_results(doc, host):
     return out
 
 
+def host_outcomes(doc, hosts):
+    """{host: (whether it failed or was unreachable, {task name without its role prefix: result})}."""
+    out = {}
+    for host in hosts:
+        stats = doc["stats"][host]
+        out[host] = (stats["failures"] + stats["unreachable"] > 0,
+                     {t.split(" : ", 1)[-1]: r for _p, t, r in host_results(doc, host)})
+    return out
+
+
 def host_failure(doc, host):
     """The first failed (or unreachable) result of a host, or None."""
     for _play, _task, result in host_results(doc, host):

@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 
-from harness import ROOT, batch_inventory, host_results, play_json
+from harness import ROOT, batch_inventory, host_outcomes, play_json
 
 PLAY = """
 - hosts: sparks
@@ -61,12 +61,7 @@ def preflight(tmp_path_factory):
                             "preflight_kernel_release_path": str(case / "osrelease")}, **extra)
     (tmp_path / "play.yml").write_text(PLAY)
     doc = play_json(tmp_path / "play.yml", inventory=batch_inventory(tmp_path, hosts))
-    out = {}
-    for host in CASES:
-        stats = doc["stats"][host]
-        out[host] = (stats["failures"] + stats["unreachable"] > 0,
-                     {t.split(" : ", 1)[-1]: r for _p, t, r in host_results(doc, host)})
-    return out
+    return host_outcomes(doc, CASES)
 
 
 @debian_only
