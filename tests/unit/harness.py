@@ -92,6 +92,14 @@ def play_json(playbook, **kwargs):
     return stdout_json(run_playbook(playbook, **kwargs))
 
 
+def walk_tasks(tasks):
+    """Every task of a task list, those inside block, rescue and always too, in file order."""
+    for task in tasks or []:
+        yield task
+        for part in ("block", "rescue", "always"):
+            yield from walk_tasks(task.get(part))
+
+
 def host_results(doc, host):
     """[(play name, task name, result)] of one host in a JSON-callback document, in run order."""
     out = []

@@ -124,13 +124,7 @@ def _verify_load_task():
     import yaml
     with open(os.path.join(ROOT, "playbooks", "verify.yml")) as handle:
         plays = yaml.safe_load(handle)
-
-    def walk(tasks):
-        for task in tasks or []:
-            yield task
-            for part in ("block", "rescue", "always"):
-                yield from walk(task.get(part))
-    found = [t for play in plays for t in walk(play.get("tasks")) if t.get("register") == "__verify_load"]
+    found = [t for play in plays for t in harness.walk_tasks(play.get("tasks")) if t.get("register") == "__verify_load"]
     assert len(found) == 1, found
     return found[0]
 

@@ -10,23 +10,17 @@ import types
 
 import yaml
 
+from harness import walk_tasks
 from hub_standin import REPO, REVISION, Hub
 
 ROLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "roles", "checkpoint")
 SECRETS = ("checkpoint_hf_token",)
 
 
-def walk(tasks):
-    for t in tasks or []:
-        yield t
-        for key in ("block", "rescue", "always"):
-            yield from walk(t.get(key))
-
-
 def test_every_task_that_touches_the_token_has_no_log():
     seen = 0
     for path in glob.glob(os.path.join(ROLE, "tasks", "*.yml")):
-        for task in walk(yaml.safe_load(open(path))):
+        for task in walk_tasks(yaml.safe_load(open(path))):
             if "block" in task:
                 continue
             text = yaml.safe_dump(task)

@@ -15,13 +15,6 @@ CARRIERS = ("serve_api_key", "serve_env", "__serve_unit_files", "__serve_all_fil
 NOT_ARGUMENTS = ("name", "when", "loop_control", "no_log", "tags", "register", "changed_when", "failed_when", "check_mode")
 
 
-def walk(tasks):
-    for task in tasks or []:
-        yield task
-        for key in ("block", "rescue", "always"):
-            yield from walk(task.get(key))
-
-
 def carries_a_secret(task):
     text = yaml.safe_dump({k: v for k, v in task.items() if k not in NOT_ARGUMENTS})
     return any(re.search(r"\{\{[^}]*\b%s\b" % name, text) for name in CARRIERS)
@@ -30,7 +23,7 @@ def carries_a_secret(task):
 def test_every_task_that_carries_the_environment_or_the_key_has_no_log():
     seen = []
     for path in sorted(glob.glob(os.path.join(ROLE, "tasks", "*.yml"))):
-        for task in walk(yaml.safe_load(open(path))):
+        for task in harness.walk_tasks(yaml.safe_load(open(path))):
             if "block" in task or "ansible.builtin.include_tasks" in task or not carries_a_secret(task):
                 continue
             seen.append("%s: %s" % (os.path.basename(path), task.get("name")))
