@@ -670,14 +670,13 @@ def check_problems(name, value, checks, spec=None, resolve=None):
     for check in checks:
         if not _applies(check, resolve):
             continue
-        number = _as_number(value)
-        if any(check.get(key) is not None for key in _NUMBER_KEYS) and number is not None:
-            for problem, fix in _number_checks(check, number):
-                say(problem, fix, check)
-        elif any(check.get(key) is not None for key in _NUMBER_KEYS) and isinstance(value, (list, tuple)):
-            for index, item in enumerate(value):
-                for problem, fix in _number_checks(check, _as_number(item)) if _as_number(item) is not None else []:
-                    say('element [%d] (%s) is %s' % (index, show(item), problem), fix, check)
+        if any(check.get(key) is not None for key in _NUMBER_KEYS):
+            items = ([('', value)] if not isinstance(value, (list, tuple))
+                     else [('element [%d] (%s) is ' % (index, show(item)), item) for index, item in enumerate(value)])
+            for where, item in items:
+                number = _as_number(item)
+                for problem, fix in _number_checks(check, number) if number is not None else []:
+                    say(where + problem, fix, check)
         for problem, fix in _text_checks(check, value):
             say(problem, fix, check)
         for problem, fix in _relation_checks(check, name, value, resolve):
