@@ -19,7 +19,9 @@ def test_docker_unknown_escalates_to_a_stop_through_systemd(mw, lab, engine):
     """docker-only mode (stop_via_unit false): docker does not answer -> retry within the grace,
     then `systemctl stop` of the serve unit; log and metrics say docker was unknown."""
     lab.set_container(engine=engine)
-    dog = lab.watchdog(mw, stop_via_unit=False, stop_grace_s=2, kill_timeout_s=1,
+    # kill_timeout_s also bounds each systemctl call of the stand-in: 1 s was cut short on a busy
+    # machine (the stand-in's start alone took longer); a hung docker costs this bound once.
+    dog = lab.watchdog(mw, stop_via_unit=False, stop_grace_s=2, kill_timeout_s=5,
                        serve_unit="sparkops-serve.service")
     assert drive(dog, lab, [(4, 1)] * 5) == [(5, "available")]
     assert ["stop", "sparkops-serve.service"] in unit_calls(lab)
@@ -67,7 +69,7 @@ def test_docker_unknown_and_a_failed_unit_stop_kills_the_units_processes(mw, lab
     """The stop job fails and the unit stays active: a stop job is queued (so that systemd does
     not restart it) and the unit's processes get SIGKILL."""
     lab.set_container(engine="down", stop_mode="fail")
-    dog = lab.watchdog(mw, stop_via_unit=True, stop_grace_s=0, kill_timeout_s=1,
+    dog = lab.watchdog(mw, stop_via_unit=True, stop_grace_s=0, kill_timeout_s=10,
                        serve_unit="sparkops-serve.service")
     drive(dog, lab, [(4, 1)] * 5)
     calls = unit_calls(lab)
@@ -88,7 +90,7 @@ def test_docker_unknown_and_a_failed_unit_stop_kills_the_units_processes(mw, lab
 
 def test_docker_unknown_and_no_serve_unit_is_a_failure_not_nothing_to_stop(mw, lab):
     lab.set_container(engine="down", unit_loaded=False)
-    dog = lab.watchdog(mw, stop_via_unit=False, stop_grace_s=0, kill_timeout_s=1)
+    dog = lab.watchdog(mw, stop_via_unit=False, stop_grace_s=0, kill_timeout_s=10)
     drive(dog, lab, [(4, 1)] * 5)
     (action,) = events(lab, "action")
     assert action["result"] == "failed" and "not loaded" in action["reason"]
