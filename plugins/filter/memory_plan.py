@@ -18,18 +18,31 @@ description:
     C(w = weight_bytes/2^30 - ple_gib); when MTP is off C(w -= min(mtp_off_credit_gib, max(w, 0)));
     C(w /= tensor_parallel_size);
     C(fixed = w + overhead_gib [+ mtp_gib when MTP is on] [+ tp_comm_reserve_gib when TP > 1]);
-    C(kv_need = max_model_len * kv_bytes_per_token/TP * kv_mult / 2^30);
+    C(kv_need = max_model_len * kv_bytes_per_token/TP * kv_mult / 2^30) with a given
+    O(_input.kv_bytes_per_token);
     C(wish = fixed + max(kv_need, kv_target_gib)); C(cap = mem_total_gib - host_reserve_gib);
     C(gmu = floor(min(wish, cap) / mem_total_gib * 1000) / 1000);
     C(budget = gmu * mem_total_gib); C(kv_exp = budget - fixed)."
+  - "From O(_input.model_config) (no O(_input.kv_bytes_per_token)), kv_need is what vLLM allocates
+    for ONE max-length request on this node: C(full_bytes_per_token * max_model_len * kv_mult
+    + sum(sliding bytes_per_token * min(max_model_len, window)) * kv_mult
+    + sum(chunked bytes_per_token * min(max_model_len, chunk)) * kv_mult
+    + recurrent_state_bytes_per_sequence), in bytes before the division by 2^30. The recurrent
+    (Mamba-2 / gated delta net) state keeps its own dtype (BF16 conv state, the SSM state at the
+    config's mamba_ssm_cache_dtype / mamba_ssm_dtype, else BF16): kv_mult does not scale it.
+    full_length_fit and the max_num_seqs warning therefore count the state of every sequence."
   - Computed in decimal arithmetic from the inputs' shortest decimal form, so a ratio that is
     exactly 0.786 is not floored to 0.785 by binary float error, and gmu is never rounded up.
   - "Refuses (AnsibleFilterError naming the input and the C(memory_plan_*) variable to change):
     a missing, negative, non-numeric or boolean-as-string input, an unknown input name, an
     unknown KV cache dtype, C(host_reserve_gib >= mem_total_gib), PLE larger than the checkpoint,
-    and C(kv_exp < kv_need) (not even one max-length request fits: vLLM would refuse to start)."
+    and C(kv_exp < kv_need) (not even one max-length request fits: vLLM would refuse to start).
+    From O(_input.model_config): a config it cannot read, sliding-window layers without
+    C(sliding_window), and recurrent layers whose state it does not derive (each naming
+    C(memory_plan_kv_bytes_per_token))."
   - "Warns (in RV(_value.warnings), not an error) when C(max_num_seqs * kv_need > kv_exp): at
-    most K of N sequences can be at max length at once."
+    most K of N sequences can be at max length at once; and, for a model with recurrent
+    layers, when C(max_num_seqs) states alone exceed kv_exp."
   - See docs/memory-plan.md for the tensor-parallel assumptions.
 options:
   _input:
@@ -77,9 +90,11 @@ options:
           - Divided by O(_input.tensor_parallel_size) unless O(_input.kv_split_across_tp) is false.
         type: float
       model_config:
-        description: The checkpoint's parsed C(config.json); KV bytes per token of one rank are
-          derived from it when O(_input.kv_bytes_per_token) is absent (see the
-          P(sparkops.appliance.kv_bytes_per_token#filter) filter).
+        description: The checkpoint's parsed C(config.json); when O(_input.kv_bytes_per_token) is
+          absent, the KV one max-length request holds on one rank is derived from it (full
+          attention per token, sliding-window and chunked layers up to their span, the recurrent
+          state per sequence; see the P(sparkops.appliance.kv_bytes_per_token#filter) filter and
+          docs/memory-plan.md).
         type: dict
       kv_cache_dtype:
         description: vLLM C(--kv-cache-dtype).
@@ -168,10 +183,32 @@ _value:
     ple_gib: {description: PLE GiB used., type: float}
     fixed_gib: {description: w + overhead (+ MTP reserve) (+ TP comm reserve)., type: float}
     comm_reserve_gib: {description: TP communication reserve included in fixed (0 at TP=1)., type: float}
-    kv_bytes_per_token: {description: BF16 KV bytes per token on this node., type: float}
+    kv_bytes_per_token: {description: "BF16 KV bytes per token on this node: the given figure / TP, or from
+        config.json the full-attention (and MLA latent) layers only.", type: float}
     kv_bytes_per_token_source: {description: "C(given) or C(config.json).", type: str}
     kv_mult: {description: Cache-dtype factor used., type: float}
-    kv_need_gib: {description: KV of ONE max-length request (not multiplied by max_num_seqs)., type: float}
+    kv_need_gib: {description: "KV of ONE max-length request (not multiplied by max_num_seqs): kv_request_bytes
+        / 2^30.", type: float}
+    kv_full_bytes_per_token: {description: "BF16 bytes per token of the layers whose cache grows with every
+        token (equal to kv_bytes_per_token).", type: float}
+    kv_full_request_bytes: {description: "max_model_len x kv_full_bytes_per_token x kv_mult: the full-attention
+        part of one max-length request.", type: float}
+    kv_sliding:
+      description: "Sliding-window layers by window (empty with a given kv_bytes_per_token): C(window),
+        C(layers), C(bytes_per_token) (BF16, this node), C(request_bytes) =
+        bytes_per_token x min(max_model_len, window) x kv_mult."
+      type: list
+      elements: dict
+    kv_chunked:
+      description: "Chunked-local attention layers (Llama 4) by chunk: C(chunk), C(layers),
+        C(bytes_per_token), C(request_bytes) = bytes_per_token x min(max_model_len, chunk) x kv_mult."
+      type: list
+      elements: dict
+    recurrent_state_bytes_per_sequence: {description: "Bytes of recurrent (Mamba-2, gated delta net) state one
+        sequence holds on this node, in its own dtype, not scaled by kv_mult; 0 without such layers.", type: int}
+    recurrent_kind: {description: "C(mamba2) or C(gated_delta_net); null without recurrent layers.", type: str}
+    kv_request_bytes: {description: "Bytes of ONE max-length request: kv_full_request_bytes + the request_bytes
+        of kv_sliding and kv_chunked + recurrent_state_bytes_per_sequence.", type: float}
     kv_target_gib: {description: The KV target., type: float}
     wish_gib: {description: fixed + max(kv_need, kv_target)., type: float}
     cap_gib: {description: mem_total - host_reserve., type: float}
@@ -179,8 +216,11 @@ _value:
     gmu: {description: "vLLM --gpu-memory-utilization, rounded DOWN to 3 decimals.", type: float}
     gmu_step_gib: {description: GiB of one 0.001 step of gmu on this host., type: float}
     kv_exp_gib: {description: budget - fixed, the expected KV room., type: float}
-    full_length_fit: {description: Whole max-length requests that fit in kv_exp at once., type: int}
-    max_model_len_fit: {description: Longest context whose single request fits in kv_exp., type: int}
+    full_length_fit: {description: "Whole max-length requests that fit in kv_exp at once (each with its
+        recurrent state).", type: int}
+    max_model_len_fit: {description: "Longest context whose single request fits in kv_exp (sliding windows
+        and chunks capped); null when a request stops growing (no full-attention layer) and fits at any
+        length.", type: int}
     squeezed: {description: The host cap cut the wish (wish > cap)., type: bool}
     docker_memory_gib: {description: "Docker --memory / --memory-swap: budget + headroom.", type: float}
     docker_memory_bytes: {description: docker_memory_gib in bytes (floored)., type: int}

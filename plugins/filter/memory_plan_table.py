@@ -14,6 +14,11 @@ description:
   - Rows are checkpoint, PLE size, KV dtype, MTP, context, concurrency, chunk, tensor
     parallel, MemTotal, host reserve, and every figure of the plan, including whether the host
     cap squeezed the KV target. Each warning follows the table on its own line.
+  - "When a plan's request is not full attention alone (a model read from config.json with
+    sliding-window, chunked-local or recurrent layers), rows under C(kv_need) break one
+    max-length request down: full attention, sliding window and chunked local GiB (with layers
+    and span), and the recurrent state GiB per sequence; the rows are shown for every host
+    when any host has them (C(-) where a host has none of that kind)."
   - Formatting only; the figures come from P(sparkops.appliance.memory_plan#filter).
 options:
   _input:

@@ -203,6 +203,92 @@ def _f(dec):
     return float(dec)
 
 
+def _state_note(recurrent):
+    if not recurrent:
+        return ''
+    return '; kv_need counts the recurrent state of %s GiB each sequence holds' % _fmt(_CTX.divide(recurrent, GIB), 3)
+
+
+class _KvCost(object):
+    """The bytes one request of L tokens holds on this node (kv_need is this at max_model_len).
+
+    L x full-attention bytes per token, plus min(L, span) x bytes per token of each sliding window
+    or attention chunk (both scaled by kv_mult), plus the recurrent state of one sequence, which
+    stays in its own dtype (not scaled by kv_mult).
+    """
+
+    def __init__(self, token_bytes, spans, mult, recurrent):
+        self.token_bytes = token_bytes  # full attention, kv_mult applied
+        self.spans = spans  # [(kind, span, layers, BF16 bytes per token)]
+        self.mult = mult
+        self.recurrent = Decimal(recurrent)
+
+    def _capped(self, span, bpt, length):
+        return _CTX.multiply(_CTX.multiply(Decimal(min(length, span)), bpt), self.mult)
+
+    def request(self, length):
+        total = _CTX.multiply(Decimal(length), self.token_bytes)
+        for _kind, span, _layers, bpt in self.spans:
+            total = _CTX.add(total, self._capped(span, bpt, length))
+        return _CTX.add(total, self.recurrent)
+
+    def longest(self, room):
+        """The longest request (tokens) whose bytes fit in ``room`` bytes, solved exactly on each
+        piece between two spans; None when the bytes stop growing (no full-attention layer) and
+        the request at the largest span fits."""
+        if self.recurrent > room:
+            return 0
+        base = self.recurrent  # the recurrent state and the spans already capped
+        slope = self.token_bytes
+        for _kind, _span, _layers, bpt in self.spans:
+            slope = _CTX.add(slope, _CTX.multiply(bpt, self.mult))
+        for edge in sorted(set(span for _kind, span, _layers, _bpt in self.spans)):
+            if self.request(edge) > room:
+                break
+            for _kind, span, _layers, bpt in self.spans:
+                if span == edge:
+                    base = _CTX.add(base, self._capped(span, bpt, span))
+                    slope = _CTX.subtract(slope, _CTX.multiply(bpt, self.mult))
+        if slope == 0:
+            return None
+        return _floor_int(_CTX.subtract(room, base), slope)
+
+    def spans_out(self, kind, key, length):
+        return [{key: span, 'layers': layers, 'bytes_per_token': _f(bpt),
+                 'request_bytes': _f(self._capped(span, bpt, length))}
+                for span_kind, span, layers, bpt in self.spans if span_kind == kind]
+
+
+def _kv_from_config(config, tp):
+    """What the plan counts of a config.json's KV cache on one rank (see kv_cache_layout)."""
+    try:
+        layout = kv_cache_layout(config, tp)
+    except MemoryPlanError as exc:
+        raise MemoryPlanError('%s; or set memory_plan_kv_bytes_per_token' % exc) from exc
+    unbounded = sum(group['layers'] for group in layout['sliding'] if group['window'] is None)
+    if unbounded:
+        raise _refuse_config("'sliding_window' is not in it, and %d sliding-window layers need it to bound the "
+                             "KV a request holds in them" % unbounded,
+                             "add 'sliding_window' to config.json or set memory_plan_kv_bytes_per_token")
+    if layout['recurrent_layers'] and layout['recurrent_state_bytes_per_sequence'] is None:
+        raise _refuse_config('the recurrent state per sequence of its %d %s layers is not counted (%s)'
+                             % (layout['recurrent_layers'], layout['recurrent_kind'],
+                                layout['recurrent_state_refused']),
+                             'set memory_plan_kv_bytes_per_token, and count the state in memory_plan_overhead_gib')
+    spans = [('sliding', group['window'], group['layers'], Decimal(group['bytes_per_token']))
+             for group in layout['sliding']]
+    spans += [('chunked', group['chunk'], group['layers'], Decimal(group['bytes_per_token']))
+              for group in layout['chunked']]
+    return {'full': layout['full_bytes_per_token'], 'spans': spans,
+            'recurrent': layout['recurrent_state_bytes_per_sequence'] or 0,
+            'recurrent_kind': layout['recurrent_kind']}
+
+
+def _refuse_config(what, fix='set memory_plan_kv_bytes_per_token'):
+    return MemoryPlanError("memory_plan: the checkpoint's config.json (model_config) cannot size the KV of one "
+                           "request: %s; %s" % (what, fix))
+
+
 def compute_plan(raw):
     """The SPEC section 3 plan (per node when tensor_parallel_size > 1).
 
@@ -228,27 +314,31 @@ def compute_plan(raw):
     if mtp:
         fixed = _CTX.add(fixed, inp['mtp_gib'])
 
-    # KV per token on this node.
-    if 'kv_bytes_per_token' in inp:
-        kv_bpt_total = inp['kv_bytes_per_token']
-        if inp['kv_split_across_tp']:
-            kv_bpt = _CTX.divide(kv_bpt_total, Decimal(tp))
-        else:
-            kv_bpt = kv_bpt_total
-        kv_source = 'given'
-    else:
-        try:
-            kv_bpt_total = Decimal(kv_bytes_per_token_from_config(inp['model_config']))
-            kv_bpt = Decimal(kv_bytes_per_token_from_config(inp['model_config'], tp))
-        except MemoryPlanError as exc:
-            raise MemoryPlanError('%s; or set memory_plan_kv_bytes_per_token' % exc) from exc
-        kv_source = 'config.json'
+    # KV on this node: full attention per token, sliding/chunked layers up to their span, and the
+    # recurrent state per sequence (SPEC section 2: "KV cache and recurrent (GDN) state").
     if 'kv_mult' in inp:
         kv_mult = inp['kv_mult']
     else:
         kv_mult = KV_DTYPE_MULT[inp['kv_cache_dtype']]
+    if 'kv_bytes_per_token' in inp:
+        # A given figure is the whole per-token cost: nothing bounded, no recurrent state.
+        if inp['kv_split_across_tp']:
+            kv_bpt = _CTX.divide(inp['kv_bytes_per_token'], Decimal(tp))
+        else:
+            kv_bpt = inp['kv_bytes_per_token']
+        kv_source = 'given'
+        kv = {'spans': [], 'recurrent': 0, 'recurrent_kind': None}
+    else:
+        kv = _kv_from_config(inp['model_config'], tp)
+        kv_bpt = Decimal(kv['full'])
+        kv_source = 'config.json'
     kv_token_bytes = _CTX.multiply(kv_bpt, kv_mult)
-    kv_need = _CTX.divide(_CTX.multiply(Decimal(inp['max_model_len']), kv_token_bytes), GIB)
+    kv_cost = _KvCost(kv_token_bytes, kv['spans'], kv_mult, kv['recurrent'])
+    length = inp['max_model_len']
+    kv_request = kv_cost.request(length)
+    if kv_request <= 0:
+        raise _refuse_config('it gives no layer that holds a KV cache or a recurrent state')
+    kv_need = _CTX.divide(kv_request, GIB)
 
     wish = _CTX.add(fixed, max(kv_need, inp['kv_target_gib']))
     mem_total = inp['mem_total_gib']
@@ -268,10 +358,10 @@ def compute_plan(raw):
     step_gib = _CTX.multiply(GMU_STEP, mem_total)
 
     if kv_exp < kv_need:
-        _refuse_kv(inp, kv_exp, kv_need, kv_token_bytes, squeezed, step_gib, fixed, cap)
+        _refuse_kv(inp, kv_exp, kv_need, kv_cost, squeezed, step_gib, fixed, cap)
 
     full_length_fit = _floor_int(kv_exp, kv_need)
-    max_len_fit = _floor_int(_CTX.multiply(kv_exp, GIB), kv_token_bytes)
+    max_len_fit = kv_cost.longest(_CTX.multiply(kv_exp, GIB))
     docker_memory = _CTX.add(budget, inp['docker_headroom_gib'])
 
     warnings = []
@@ -282,7 +372,16 @@ def compute_plan(raw):
             '> kv_exp %s GiB (max_num_seqs bounds concurrency, not full-length concurrency; '
             'to make all fit lower memory_plan_max_num_seqs or memory_plan_max_model_len, or '
             'raise memory_plan_kv_target_gib)'
-            % (full_length_fit, seqs, seqs, _fmt(kv_need), _fmt(kv_exp)))
+            % (full_length_fit, seqs, seqs, _fmt(kv_need), _fmt(kv_exp))
+            + _state_note(kv_cost.recurrent))
+    state_room = _CTX.multiply(Decimal(seqs), kv_cost.recurrent)
+    if kv_cost.recurrent and state_room > _CTX.multiply(kv_exp, GIB):
+        warnings.append(
+            'the recurrent state alone does not fit max_num_seqs sequences: %d x %s GiB > kv_exp %s GiB, '
+            'so at most %d sequences of any length run at once (lower memory_plan_max_num_seqs, or raise '
+            'memory_plan_kv_target_gib)'
+            % (seqs, _fmt(_CTX.divide(kv_cost.recurrent, GIB), 3), _fmt(kv_exp),
+               _floor_int(_CTX.multiply(kv_exp, GIB), kv_cost.recurrent)))
 
     plan = {
         'weights_gib': _f(w),
@@ -294,6 +393,13 @@ def compute_plan(raw):
         'kv_bytes_per_token_source': kv_source,
         'kv_mult': _f(kv_mult),
         'kv_need_gib': _f(kv_need),
+        'kv_full_bytes_per_token': _f(kv_bpt),
+        'kv_full_request_bytes': _f(_CTX.multiply(Decimal(length), kv_token_bytes)),
+        'kv_sliding': kv_cost.spans_out('sliding', 'window', length),
+        'kv_chunked': kv_cost.spans_out('chunked', 'chunk', length),
+        'recurrent_state_bytes_per_sequence': int(kv_cost.recurrent),
+        'recurrent_kind': kv['recurrent_kind'],
+        'kv_request_bytes': _f(kv_request),
         'kv_target_gib': _f(inp['kv_target_gib']),
         'wish_gib': _f(wish),
         'cap_gib': _f(cap),
@@ -332,7 +438,7 @@ def _fmt(dec, places=2):
     return '%.*f' % (places, float(dec))
 
 
-def _refuse_kv(inp, kv_exp, kv_need, kv_token_bytes, squeezed, step_gib, fixed, cap):
+def _refuse_kv(inp, kv_exp, kv_need, kv_cost, squeezed, step_gib, fixed, cap):
     short = _CTX.subtract(kv_need, kv_exp)
     head = ('memory_plan: kv_exp %s GiB is %s GiB short of kv_need %s GiB, the KV of ONE '
             'request of max_model_len %d tokens: vLLM would refuse to start. '
@@ -345,8 +451,12 @@ def _refuse_kv(inp, kv_exp, kv_need, kv_token_bytes, squeezed, step_gib, fixed, 
             head + 'The host cap did not bind; rounding gmu down (one step = %s GiB) did. '
             'Raise kv_target_gib (memory_plan_kv_target_gib) to at least %s GiB.'
             % (_fmt(step_gib, 3), _fmt(need.quantize(Decimal('0.01'), rounding=ROUND_CEILING))))
-    if kv_exp > 0:
-        fit = _floor_int(_CTX.multiply(kv_exp, GIB), kv_token_bytes)
+    room = _CTX.multiply(kv_exp, GIB)
+    if kv_exp > 0 and kv_cost.recurrent > room:
+        lower_len = ('no length helps: the recurrent state of one sequence (%s GiB) alone exceeds kv_exp'
+                     % _fmt(_CTX.divide(kv_cost.recurrent, GIB), 3))
+    elif kv_exp > 0:
+        fit = kv_cost.longest(room)
         lower_len = 'lower max_model_len (memory_plan_max_model_len) to at most %d' % fit
     else:
         lower_len = ('nothing is left for KV at all: the fixed costs (%s GiB) exceed the cap '
@@ -881,9 +991,43 @@ def _cell(value, places=2):
     return str(value)
 
 
-def plan_rows(plan, sources=None):
-    """(label, value) rows of one host's plan, in reading order."""
+def _has_bounded_kv(plan):
+    """Whether a request's KV in this plan is more than full attention per token."""
+    return bool(plan.get('kv_sliding') or plan.get('kv_chunked') or plan.get('recurrent_state_bytes_per_sequence'))
+
+
+def _gib_cell(value):
+    return '-' if value is None else _cell(value / 2.0 ** 30, 3)
+
+
+def _span_cell(groups, key):
+    if not groups:
+        return '-'
+    total = sum(group['request_bytes'] for group in groups)
+    return '%s (%s)' % (_gib_cell(total), ', '.join('%d x %s %d' % (group['layers'], key, group[key])
+                                                     for group in groups))
+
+
+def _breakdown_rows(plan):
+    state = plan.get('recurrent_state_bytes_per_sequence')
+    kind = plan.get('recurrent_kind')
+    return [
+        ('  of which full attention GiB', _gib_cell(plan.get('kv_full_request_bytes'))),
+        ('  of which sliding window GiB', _span_cell(plan.get('kv_sliding'), 'window')),
+        ('  of which chunked local GiB', _span_cell(plan.get('kv_chunked'), 'chunk')),
+        ('  of which recurrent GiB/seq', '%s (%s)' % (_gib_cell(state), kind) if state else '-'),
+    ]
+
+
+def plan_rows(plan, sources=None, breakdown=None):
+    """(label, value) rows of one host's plan, in reading order.
+
+    ``breakdown``: add the rows of kv_need by kind (full attention, sliding window, chunked,
+    recurrent state); None: when this plan's request is not full attention alone.
+    """
     sources = sources or {}
+    if breakdown is None:
+        breakdown = _has_bounded_kv(plan)
     inp = plan.get('inputs', {})
 
     def src(key):
@@ -898,7 +1042,7 @@ def plan_rows(plan, sources=None):
         ckpt = '%s GiB' % _cell(ckpt_bytes / 2.0 ** 30)
     else:
         ckpt = '%s MiB' % _cell(ckpt_bytes / 2.0 ** 20, 1)
-    return [
+    rows = [
         ('checkpoint dir', sources.get('checkpoint_dir') or '-'),
         ('checkpoint', ckpt + src('weight_bytes')),
         ('PLE GiB', _cell(plan['ple_gib']) + src('ple_gib')),
@@ -927,6 +1071,10 @@ def plan_rows(plan, sources=None):
         ('kv-cache-memory-bytes', _cell(plan['kv_cache_memory_bytes'])),
         ('warnings', str(len(plan.get('warnings', [])))),
     ]
+    if breakdown:
+        at = [label for label, _value in rows].index('kv_need GiB (1 max-len req)') + 1
+        rows[at:at] = _breakdown_rows(plan)
+    return rows
 
 
 def plan_table(plans, sources=None):
@@ -939,7 +1087,8 @@ def plan_table(plans, sources=None):
                               '{host: plan} mapping')
     sources = sources or {}
     hosts = sorted(plans)
-    columns = [plan_rows(plans[h], sources.get(h)) for h in hosts]
+    breakdown = any(_has_bounded_kv(plans[h]) for h in hosts if isinstance(plans[h], dict))
+    columns = [plan_rows(plans[h], sources.get(h), breakdown) for h in hosts]
     labels = [label for label, _v in columns[0]]
     label_w = max(len(x) for x in labels)
     widths = [max([len(h)] + [len(v) for _l, v in col]) for h, col in zip(hosts, columns)]

@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import os
+from fractions import Fraction
 
 import pytest
 
@@ -101,15 +102,16 @@ def test_recurrent_state_per_sequence_matches_vllm(name, tp):
         assert recurrent_state_bytes_per_sequence(config(name), tp) == 0
 
 
-def test_the_plan_sizes_kv_from_the_full_attention_figure():
-    # SPEC section 3: kv_need = max_model_len x KV bytes per token (one max-length request).
+def test_the_plan_sizes_kv_from_the_full_attention_figure_and_one_chunk():
+    # SPEC section 3: kv_need = the KV of one max-length request: max_model_len x the full-attention
+    # bytes per token, plus one chunk (8192 tokens) of the 36 chunked layers (147456 bytes per token).
     raw = {'weight_bytes': 10 * 2 ** 30, 'ple_gib': 0, 'mtp_enabled': False, 'mtp_off_credit_gib': 0,
            'overhead_gib': 1, 'mtp_gib': 0, 'max_model_len': 131072, 'kv_cache_dtype': 'auto',
            'kv_target_gib': 20, 'mem_total_gib': 121.69, 'host_reserve_gib': 26, 'max_num_seqs': 1,
            'model_config': config('llama-4-scout-17b-16e-instruct')}
     plan = compute_plan(raw)
     assert plan['kv_bytes_per_token'] == 49152  # 12 NoPE full-attention layers, not all 48
-    assert plan['kv_need_gib'] == pytest.approx(131072 * 49152 / 2 ** 30)
+    assert plan['kv_need_gib'] == (131072 * 49152 + 8192 * 147456) / 2 ** 30 == 7.125
 
 
 def test_an_unread_sparse_indexer_is_refused_naming_the_variable():
@@ -145,3 +147,51 @@ def test_a_mamba_state_missing_a_field_is_refused_but_the_kv_figure_stands():
     assert 'ssm_state_size' in layout['recurrent_state_refused']
     with pytest.raises(MemoryPlanError, match=r"ssm_state_size.*memory_plan_kv_bytes_per_token"):
         recurrent_state_bytes_per_sequence(cfg)
+
+
+# One request as vLLM holds it, from its own layer specs: a full-attention layer keeps every token,
+# a sliding-window layer at most its window, a chunked-local layer at most its chunk, a Mamba/GDN
+# layer one state per sequence. Contexts below and above every window (128, 1024) and chunk (8192).
+CONTEXTS = (100, 1000, 4096, 131072, 1 << 20)
+SPAN_KEY = {'sliding': 'window', 'chunked': 'chunk'}
+
+
+def vllm_request_bytes(name, tp, length):
+    """Bytes of one request of ``length`` tokens on one rank, from vllm_kv_spec.json: per layer
+    (page_size_bytes / block_size per token) where the entry lists its layers, else (hand-derived
+    entries) its figures by kind; the state as vllm_state_bytes gives it."""
+    run = VLLM[name]['tp%d' % tp]
+    attention = Fraction(0)
+    if run.get('layers'):
+        for layer in run['layers'].values():
+            assert layer['kind'] in ('full', 'sliding', 'chunked', 'recurrent'), (name, layer)
+            if layer['kind'] == 'recurrent':
+                continue
+            tokens = length if layer['kind'] == 'full' else min(length, layer[SPAN_KEY[layer['kind']]])
+            attention += Fraction(layer['page_size_bytes'], layer['block_size']) * tokens
+    else:
+        attention += Fraction(run['full_bytes_per_token']) * length
+        for kind, key in SPAN_KEY.items():
+            attention += sum(Fraction(g['bytes_per_token']) * min(length, g[key]) for g in run[kind])
+    return attention, vllm_state_bytes(name, tp) if run['recurrent_layers'] else 0
+
+
+def fixture_plan(name, tp, length, dtype):
+    return compute_plan({
+        'weight_bytes': 0, 'ple_gib': 0, 'mtp_enabled': False, 'mtp_off_credit_gib': 0, 'overhead_gib': 1,
+        'mtp_gib': 0, 'max_model_len': length, 'kv_cache_dtype': dtype, 'kv_target_gib': 1024,
+        'mem_total_gib': 4096, 'host_reserve_gib': 0, 'max_num_seqs': 1, 'tensor_parallel_size': tp,
+        'model_config': config(name)})
+
+
+@pytest.mark.parametrize('length', CONTEXTS)
+@pytest.mark.parametrize('name, tp', CASES)
+def test_the_bytes_of_one_request_equal_vllms(name, tp, length):
+    attention, state = vllm_request_bytes(name, tp, length)
+    plan = fixture_plan(name, tp, length, 'auto')
+    assert plan['kv_request_bytes'] == attention + state, (name, tp, length)
+    assert plan['recurrent_state_bytes_per_sequence'] == state
+    assert plan['kv_need_gib'] == float((attention + state) / 2 ** 30)
+    # fp8 scales the attention KV; the recurrent state stays in its own dtype.
+    fp8 = fixture_plan(name, tp, length, 'fp8')
+    assert fp8['kv_request_bytes'] == float(attention * Fraction('0.58') + state)
