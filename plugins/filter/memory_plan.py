@@ -224,6 +224,7 @@ _value:
     squeezed: {description: The host cap cut the wish (wish > cap)., type: bool}
     docker_memory_gib: {description: "Docker --memory / --memory-swap: budget + headroom.", type: float}
     docker_memory_bytes: {description: docker_memory_gib in bytes (floored)., type: int}
+    budget_bytes: {description: budget_gib in bytes (floored); what must be available before the server starts., type: int}
     kv_cache_memory_bytes: {description: "kv_exp in bytes (floored), for vLLM --kv-cache-memory-bytes.", type: int}
     warnings: {description: Human-readable warnings., type: list, elements: str}
     inputs: {description: The normalised inputs (defaults filled in; model_config left out)., type: dict}

@@ -404,6 +404,7 @@ def compute_plan(raw):
         'wish_gib': _f(wish),
         'cap_gib': _f(cap),
         'budget_gib': _f(budget),
+        'budget_bytes': int(_CTX.multiply(budget, GIB).to_integral_value(rounding=ROUND_FLOOR)),
         'gmu': _f(gmu),
         'gmu_step_gib': _f(step_gib),
         'kv_exp_gib': _f(kv_exp),
