@@ -33,7 +33,7 @@ OPEN_WITHOUT_KEY = [
     ("empty-api-key-loopback", {"serve_api_key": "", "serve_bind_host": "127.0.0.1"}),
     ("empty-api-key-gateway-address", {"serve_api_key": "", "serve_behind_gateway": True, "serve_bind_host": "10.10.0.1"}),
 ]
-PLAN = {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_gib": 1,
+PLAN = {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_gib": 1, "budget_bytes": 1,
         "inputs": {"tensor_parallel_size": 1, "max_model_len": 1024, "max_num_seqs": 4, "max_num_batched_tokens": 1024,
                    "mtp_enabled": False, "mtp_num_speculative_tokens": 0, "kv_cache_dtype": "auto"}}
 PLAY = """

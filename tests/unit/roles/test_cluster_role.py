@@ -50,6 +50,7 @@ VALIDATE_TASKS = """
         spark_memory_plan:
           gmu: 0.5
           kv_cache_memory_bytes: 1
+          budget_bytes: 1
           docker_memory_gib: 1
           inputs: {tensor_parallel_size: "{{ memory_plan_tensor_parallel_size }}", max_model_len: 1,
                    max_num_seqs: 1, max_num_batched_tokens: 1, mtp_enabled: false, mtp_num_speculative_tokens: 0,
@@ -125,7 +126,7 @@ CASES = dict(PAIR_OF_ONE)
 for _index, (_change, _message) in enumerate(BAD):
     CASES.update(pair_hosts(_index, **_change))
 
-PLAN = {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_bytes": 107374182400,
+PLAN = {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_bytes": 107374182400, "budget_bytes": 101874182400,
         "inputs": {"max_model_len": 1024, "max_num_seqs": 8, "max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8",
                    "mtp_enabled": False, "mtp_num_speculative_tokens": 0, "tensor_parallel_size": 2}}
 RENDER_VARS = {"spark_runtime_image": "sparkops/vllm-runtime:0123456789ab", "spark_memory_plan": PLAN}
@@ -144,7 +145,7 @@ RENDERS = {
     "head-serve-env": ("serve", "serve.env.j2", "spark-pa-head", {"serve_image": "x:y"}),
     "single-serve-service": ("serve", "serve.service.j2", "spark-01", {
         "serve_image": "x:y",
-        "spark_memory_plan": {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_gib": 1,
+        "spark_memory_plan": {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_gib": 1, "budget_bytes": 1,
                               "inputs": {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
                                          "kv_cache_dtype": "auto", "mtp_enabled": False,
                                          "mtp_num_speculative_tokens": 0}}}),
@@ -301,7 +302,8 @@ def test_head_serve_unit_runs_tp2_over_ray_after_a_bounded_wait(run):
     assert "BindsTo=sparkops-ray.service" in unit and "After=sparkops-ray.service" in unit
     assert ("ExecStartPre=/bin/sh -c 'exec /usr/bin/docker exec -i sparkops-ray python3 - 10.10.0.1:6379 2 600 "
             "< /usr/local/libexec/sparkops/cluster-nodes.py'") in unit
-    assert "TimeoutStartSec=720" in unit and "Restart=always" in unit
+    # until READY=1: ExecStartPre 120 + the Ray wait 600 + the stall backoff 30 x 2^2 + health 1200 + one probe 30
+    assert "TimeoutStartSec=2070" in unit and "Restart=always" in unit
     assert "type=volume,src=sparkops-ray-tmp,dst=/tmp/ray --pid container:sparkops-ray" in unit
     env = render(run, "head-serve-env")
     assert "RAY_ADDRESS=10.10.0.1:6379" in env and "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env
@@ -312,7 +314,7 @@ def test_head_serve_unit_runs_tp2_over_ray_after_a_bounded_wait(run):
 def test_single_spark_serve_unit_is_unchanged(run):
     unit = render(run, "single-serve-service")
     assert "ray" not in unit.lower()
-    assert "Restart=on-failure" in unit and "TimeoutStartSec=120" in unit
+    assert "Restart=on-failure" in unit and "TimeoutStartSec=1470" in unit   # no Ray wait: 120 + 120 + 1200 + 30
 
 
 def test_memwatch_on_a_worker_stops_the_ray_unit(run):

@@ -13,7 +13,7 @@ import yaml
 
 from harness import ansible_env, batch_inventory, host_results, play_json
 
-PLAN = {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_gib": 1,
+PLAN = {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_gib": 1, "budget_bytes": 1,
         "inputs": {"max_model_len": 1024, "max_num_seqs": 1, "max_num_batched_tokens": 1024, "kv_cache_dtype": "auto",
                    "mtp_enabled": False, "mtp_num_speculative_tokens": 0, "tensor_parallel_size": 1}}
 IMAGE = "sparkops/vllm-runtime:0123456789ab"

@@ -23,7 +23,7 @@ ROLE = os.path.join(ROOT, "roles", "serve")
 HELPER = os.path.join(ROLE, "files", "serve-unit")
 
 PLAN = {"gmu": 0.786, "kv_cache_memory_bytes": 18049635041, "docker_memory_gib": 100.65,
-        "docker_memory_bytes": 108072616755, "budget_gib": 95.65, "kv_exp_gib": 16.81,
+        "docker_memory_bytes": 108072616755, "budget_gib": 95.65, "budget_bytes": 102703468789, "kv_exp_gib": 16.81,
         "inputs": {"max_model_len": 262144, "max_num_seqs": 8, "max_num_batched_tokens": 8192,
                    "kv_cache_dtype": "fp8", "mtp_enabled": True, "mtp_num_speculative_tokens": 3}}
 
@@ -196,7 +196,15 @@ def test_unit_uses_the_helper_for_shm_start_bound_and_stop(renders):
     assert "find /dev/shm" not in text and "-delete" not in text
     assert "ExecStartPre=%s shm-clean --dir /dev/shm 'vllm*' 'psm_*'" % HELPER in text
     assert ("ExecStart=%s run --unit sparkops-serve.service --state-dir /run/sparkops/serve --max-failed-starts 3 "
+            "--model gemma-3n --api-key-file /etc/sparkops/sparkops-serve.env --stop-grace-s 30 "
+            "--liveness-interval-s 10 --liveness-stall-s 45 --probe-timeout-s 30 --liveness-max-restarts 3 "
+            "--liveness-window-s 3600 --liveness-backoff-s 30 --liveness-dir /var/lib/sparkops/serve/sparkops-serve-liveness "
+            "--liveness-keep 10 --metrics-file /var/lib/prometheus/node-exporter/sparkops-serve-liveness.prom "
             "--health-url http://127.0.0.1:8000/health --container sparkops-vllm -- \\\n    /usr/bin/docker run --rm --name sparkops-vllm" % HELPER) in text
+    # Type=notify: the start lasts until READY=1 (ExecStartPre 120 s + backoff 30 x 2^2 + health 1200 + probe 30);
+    # the watchdog outlasts one look (10 + 10 + 30) and a stall's stop (30 + 60), plus 30 s
+    assert "\nType=notify\nNotifyAccess=main\nWatchdogSec=120\n" in text
+    assert "\nTimeoutStartSec=1470\n" in text
     assert ("ExecStop=%s stop --unit sparkops-serve.service --state-dir /run/sparkops/serve --max-failed-starts 3 "
             "-- /usr/bin/docker stop -t 30 sparkops-vllm\n" % HELPER) in text
     assert "ExecStopPost=%s stop-post --unit sparkops-serve.service" % HELPER in text

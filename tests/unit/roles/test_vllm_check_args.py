@@ -103,7 +103,7 @@ def _role_tasks(*names):
     return [tasks[n] for n in names]
 
 
-PLAN = {"gmu": 0.2, "kv_cache_memory_bytes": 67108864, "docker_memory_gib": 6.5, "docker_memory_bytes": 6979321856,
+PLAN = {"gmu": 0.2, "kv_cache_memory_bytes": 67108864, "docker_memory_gib": 6.5, "docker_memory_bytes": 6979321856, "budget_bytes": 1610612736,
         "inputs": {"max_model_len": 1024, "max_num_seqs": 4, "max_num_batched_tokens": 1024,
                    "kv_cache_dtype": "auto", "mtp_enabled": False, "mtp_num_speculative_tokens": 0}}
 
