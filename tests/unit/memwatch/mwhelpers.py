@@ -104,6 +104,10 @@ elif argv[0] == "stop":
     st["exit_code"] = 137 if mode == "ignore_term" else 0
     save(); print(name)
 elif argv[0] == "kill":
+    # kill_mode "fail": the engine answers but cannot kill it (a process stuck in the driver)
+    if st.get("kill_mode") == "fail":
+        sys.stderr.write("Error response from daemon: cannot kill container: %s: tried to kill container, "
+                         "but did not receive an exit event\n" % name); sys.exit(1)
     st["running"] = False; st["exit_code"] = 137; save(); print(name)
 else:
     sys.exit(64)
@@ -112,10 +116,12 @@ else:
 FAKE_SYSTEMCTL = r'''#!/usr/bin/env python3
 # A fake systemctl for one unit (the serve unit). `stop <unit>` stops the fake container, as
 # the serve unit's ExecStop would; unit_state is its ActiveState. stop_mode "fail": the stop
-# job fails and the unit stays active. `kill` kills the unit's processes: a pending stop job
-# then completes (inactive); like the real unit, whose main process is the docker client, it
-# does not touch the container.
-import json, os, sys
+# job fails and the unit stays active; "hang": the stop job never ends (its ExecStop waits on a
+# hung engine): the unit is deactivating and systemctl does not return. `kill` kills the unit's
+# processes: a pending stop job then completes (inactive); like the real unit, whose main
+# process is the docker client, it does not touch the container. unit_kill_mode "ignore": the
+# processes do not die (stuck in the kernel): the unit keeps its state.
+import json, os, sys, time
 path = os.environ["FAKE_DOCKER_STATE"]
 with open(path) as h:
     st = json.load(h)
@@ -128,11 +134,18 @@ if not loaded and argv[0] in ("stop", "kill"):
 elif argv[0] == "stop" and "--no-block" in argv:
     if st.get("unit_state", "active") == "active":
         st["unit_state"] = "deactivating"
+elif argv[0] == "stop" and st.get("stop_mode") == "hang":
+    st["unit_state"] = "deactivating"
+    with open(path, "w") as h:
+        json.dump(st, h)
+    time.sleep(60)
 elif argv[0] == "stop":
     if st.get("stop_mode") == "fail":
         sys.stderr.write("Job for %s failed.\\n" % argv[-1]); rc = 1
     else:
         st["running"] = False; st["exit_code"] = 0; st["unit_state"] = "inactive"
+elif argv[0] == "kill" and st.get("unit_kill_mode") == "ignore":
+    pass
 elif argv[0] == "kill":
     st["unit_state"] = "inactive" if st.get("unit_state") == "deactivating" else "failed"
 elif argv[0] == "show":
