@@ -137,6 +137,23 @@ def test_memory_recovering_with_the_server_still_up_ends_the_incident_and_stays_
     assert (last["attempt"], last["result"]) == (1, "killed") and metric(lab, "memwatch_armed") == 0
 
 
+def test_a_restarted_memwatch_stays_armed_and_its_next_firing_acts_at_once(mw, lab):
+    lab.set_container(mode="fail", kill_mode="fail", stop_mode="fail")
+    over = dict(stop_via_unit=False, stop_grace_s=0, kill_timeout_s=3, serve_unit=UNIT)
+    dog = lab.watchdog(mw, **over)
+    assert drive(dog, lab, [LOW] * 5) == [(5, "available")]
+    assert events(lab, "action")[-1]["result"] == "failed"
+    lab.set_container(kill_mode="works")
+    dog2 = lab.watchdog(mw, **over)  # memwatch restarted in the middle of the incident
+    assert dog2.detector.armed is True
+    assert drive(dog2, lab, [LOW] * 5) == [(5, "available")]
+    second = events(lab, "action")[-1]
+    assert (second["attempt"], second["result"]) == (2, "killed")
+    (end,) = events(lab, "incident_end")
+    assert (end["attempts"], end["server_down"]) == (2, True)
+    assert len(events(lab, "fired")) == 1 and len(events(lab, "retry")) == 1
+
+
 def test_a_hung_engine_is_stopped_within_the_documented_bound(mw, lab):
     """The engine does not answer and the unit's stop job hangs on it (its ExecStop is a docker
     stop). Each step is cut at the action's deadlines: the unit stop within grace + kill_timeout_s,
