@@ -292,6 +292,8 @@ def test_ray_env_pins_every_transport_and_keeps_the_memory_defaults(run):
             "UCX_NET_DEVICES=enp1s0f1np1", "NCCL_IB_HCA=rocep1s0f1", "NCCL_BUFFSIZE=16777216",
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
             "LD_PRELOAD=/usr/lib/aarch64-linux-gnu/libjemalloc.so.2", "VLLM_RPC_BASE_PATH=/tmp/ray"} <= lines
+    # Ray's memory monitor off: it counts the GPU's allocations on unified memory (SPEC §11)
+    assert "RAY_memory_monitor_refresh_ms=0" in lines
     env = render(run, "worker-ray-env-no-hca")
     assert "NCCL_BUFFSIZE=8388608" in env and "NCCL_IB_HCA" not in env
 
@@ -305,6 +307,7 @@ def test_head_serve_unit_runs_tp2_over_ray_after_a_bounded_wait(run):
     # until READY=1: ExecStartPre 120 + the Ray wait 600 + the stall backoff 30 x 2^2 + health 1200 + one probe 30
     assert "TimeoutStartSec=2070" in unit and "Restart=always" in unit
     assert "type=volume,src=sparkops-ray-tmp,dst=/tmp/ray --pid container:sparkops-ray" in unit
+    assert " --init " not in unit      # the Ray container's PID namespace has its own init
     env = render(run, "head-serve-env")
     assert "RAY_ADDRESS=10.10.0.1:6379" in env and "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env
     # the driver's ZeroMQ ipc:// sockets where the head's Ray worker sees them (the shared session volume)

@@ -155,6 +155,8 @@ def test_command_line_carries_the_plan_and_the_mtp_json(renders):
     assert "--kv-cache-dtype fp8 --max-model-len 262144 --max-num-seqs 8" in text
     assert "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'" in text
     assert "--gpus all" in text and "--ipc host" in text
+    # an init reaps what vLLM's forked workers leave; an open-files limit a long context does not hit
+    assert "--ulimit nofile=1048576:1048576" in text and " --init " in text
     assert "docker stop -t 30 sparkops-vllm" in text and "TimeoutStopSec=60" in text
     assert "StartLimitBurst=3" in text and "Restart=on-failure" in text
     assert oct(env.stat().st_mode & 0o777) == "0o600"
@@ -196,7 +198,7 @@ def test_unit_uses_the_helper_for_shm_start_bound_and_stop(renders):
     assert "find /dev/shm" not in text and "-delete" not in text
     assert "ExecStartPre=%s shm-clean --dir /dev/shm 'vllm*' 'psm_*'" % HELPER in text
     assert ("ExecStart=%s run --unit sparkops-serve.service --state-dir /run/sparkops/serve --max-failed-starts 3 "
-            "--model gemma-3n --api-key-file /etc/sparkops/sparkops-serve.env --stop-grace-s 30 "
+            "--max-crashes 5 --crash-window-s 3600 --model gemma-3n --api-key-file /etc/sparkops/sparkops-serve.env --stop-grace-s 30 "
             "--liveness-interval-s 10 --liveness-stall-s 45 --probe-timeout-s 30 --liveness-max-restarts 3 "
             "--liveness-window-s 3600 --liveness-backoff-s 30 --liveness-dir /var/lib/sparkops/serve/sparkops-serve-liveness "
             "--liveness-keep 10 --metrics-file /var/lib/prometheus/node-exporter/sparkops-serve-liveness.prom "
@@ -206,7 +208,7 @@ def test_unit_uses_the_helper_for_shm_start_bound_and_stop(renders):
     assert "\nType=notify\nNotifyAccess=main\nWatchdogSec=120\n" in text
     assert "\nTimeoutStartSec=1470\n" in text
     assert ("ExecStop=%s stop --unit sparkops-serve.service --state-dir /run/sparkops/serve --max-failed-starts 3 "
-            "-- /usr/bin/docker stop -t 30 sparkops-vllm\n" % HELPER) in text
+            "--max-crashes 5 --crash-window-s 3600 -- /usr/bin/docker stop -t 30 sparkops-vllm\n" % HELPER) in text
     assert "ExecStopPost=%s stop-post --unit sparkops-serve.service" % HELPER in text
     assert "RestartPreventExitStatus=78\n" in text
     recycle = (rendered / "sparkops-serve-recycle.service").read_text()
@@ -488,3 +490,33 @@ def test_a_bad_recycle_calendar_is_refused_naming_the_variable(renders):
     assert re.search(r"^calendar +: .* failed=0 ", run.stdout, re.M), run.stdout + run.stderr
     refusal = (renders["calendar"] / "refusal.txt").read_text()
     assert 'serve_recycle_on_calendar "every day; rm -rf /" is not an OnCalendar= value' in refusal
+
+
+def test_crashes_after_serving_are_bounded_in_a_window(tmp_path):
+    """Each start that reached /health clears the failed-start count, so a server that serves and
+    then crashes would loop forever: such crashes are counted in a window, and past the bound an
+    automatic restart is refused (exit 78); a liveness stop (75) is not a crash; a start by hand
+    begins again."""
+    nrestarts = tmp_path / "nrestarts"
+    nrestarts.write_text("1\n")
+    bindir = fake_bin(tmp_path, "systemctl", 'cat "%s"\n' % nrestarts)
+    state = tmp_path / "state"
+    state.mkdir()
+    base = ["--unit", "x.service", "--state-dir", str(state), "--max-failed-starts", "3",
+            "--max-crashes", "2", "--crash-window-s", "600"]
+    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]))
+    for n, (code, status) in enumerate([("exited", "1"), ("exited", "75"), ("killed", "9")]):
+        invocation = "inv%d" % n
+        (state / "x.service.healthy").write_text(invocation + "\n")
+        r = helper("stop-post", *base, env=dict(env, INVOCATION_ID=invocation, SERVICE_RESULT="exit-code" if code == "exited" else "signal",
+                                                  EXIT_CODE=code, EXIT_STATUS=status), check=True)
+        assert ("crash" in r.stderr) == (status != "75"), r.stderr
+    assert len(json.loads((state / "x.service.crashes").read_text())) == 2
+    assert (state / "x.service.failed-starts").read_text() == "0\n"
+    r = helper("run", *base, "--", "/bin/true", env=dict(env, INVOCATION_ID="inv9"))
+    assert r.returncode == 78 and "crashed 2 times within 600 s after it had served (serve_max_crashes=2)" in r.stderr
+    # a start by hand (NRestarts=0) runs again and clears the record
+    nrestarts.write_text("0\n")
+    r = helper("run", *base, "--", "/bin/true", env=dict(env, INVOCATION_ID="inv10"))
+    assert r.returncode != 78 and "the crashes (2) start afresh" in r.stderr   # it ran (its exit 0 unasked: 1)
+    assert json.loads((state / "x.service.crashes").read_text()) == []
