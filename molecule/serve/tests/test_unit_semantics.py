@@ -79,6 +79,11 @@ def exec_start_prefix(host):
     return line[len("ExecStart="):line.index("/usr/bin/docker run")]
 
 
+# A stand-in server never answers /health, so the helper never sends READY=1: these drop-ins make
+# the unit Type=simple (active at once) without the watchdog, as it was before liveness.
+NO_NOTIFY = "Type=simple\nWatchdogSec=0\n"
+
+
 def set_dropin(host, unit, text):
     d = DROPIN_DIR % unit
     host.run_expect([0], "mkdir -p %s && echo %s | base64 -d > %s/zz-test.conf && systemctl daemon-reload"
@@ -156,7 +161,8 @@ def test_shm_cleanup_keeps_objects_a_live_process_holds(host):
         host.run_expect([0], "head -c 4096 /dev/zero > /dev/shm/vllm-stale && : > /dev/shm/psm_stale "
                         "&& : > /dev/shm/unrelated-keep")
         # One start of the unit with its own ExecStartPre lines; the server itself is a sleep.
-        set_dropin(host, UNIT + ".service", "[Service]\nExecStart=\nExecStart=%s/bin/sleep 300\n" % exec_start_prefix(host))
+        set_dropin(host, UNIT + ".service", "[Service]\n%sExecStart=\nExecStart=%s/bin/sleep 300\n"
+                   % (NO_NOTIFY, exec_start_prefix(host)))
         host.run_expect([0], "systemctl start %s" % SVC)
         assert prop(host, SVC, "ActiveState") == "active"
         assert host.file("/dev/shm/vllm-test").exists, "an object held open by a live process was deleted"
@@ -176,7 +182,7 @@ def test_a_slow_crash_loop_stops_after_the_bounded_failed_starts(host):
     restarting after serve_max_failed_starts (3) failed starts, and a start by hand is accepted."""
     stop_server(host)
     set_dropin(host, SVC, "[Unit]\nStartLimitIntervalSec=5\nStartLimitBurst=3\n"
-               "[Service]\nRestartSec=1\nExecStart=\nExecStart=%s/bin/sh -c 'sleep 7; exit 1'\n" % exec_start_prefix(host))
+               "[Service]\n%sRestartSec=1\nExecStart=\nExecStart=%s/bin/sh -c 'sleep 7; exit 1'\n" % (NO_NOTIFY, exec_start_prefix(host)))
     try:
         since = now(host)
         t0 = time.monotonic()
@@ -396,8 +402,8 @@ def test_zz_a_container_stopped_behind_systemds_back_is_a_clean_stop(host):
 
     # (2) a stand-in container keeps this quick: the unit's own ExecStart prefix, ExecStop, ExecStopPost
     image = host.check_output("docker inspect -f '{{.Config.Image}}' %s" % SPARK)   # the lab Spark's own image
-    set_dropin(host, SVC, "[Service]\nExecStart=\nExecStart=%s/usr/bin/docker run --rm --init --name %s %s sleep 300\n"
-               % (exec_start_prefix(host), CONTAINER, image))
+    set_dropin(host, SVC, "[Service]\n%sExecStart=\nExecStart=%s/usr/bin/docker run --rm --init --name %s %s sleep 300\n"
+               % (NO_NOTIFY, exec_start_prefix(host), CONTAINER, image))
     try:
         host.run_expect([0], "systemctl start %s" % SVC)
         wait_for("the container to run", lambda: host.run("docker inspect %s" % CONTAINER).rc == 0, 60)
