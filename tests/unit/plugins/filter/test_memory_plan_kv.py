@@ -38,13 +38,17 @@ KV_EXP = Decimal('19.88725')
 # One layer: 16 x (128 + 128) x 2 bytes = 8192 per token.
 GEMMA3 = {'model_type': 'gemma3_text', 'num_hidden_layers': 62, 'num_attention_heads': 32,
           'num_key_value_heads': 16, 'head_dim': 128, 'hidden_size': 5376, 'sliding_window': 1024}
-GEMMA3_FULL, GEMMA3_SLIDING, GEMMA3_WINDOW = 10 * 8192, 52 * 8192, 1024
+GEMMA3_FULL = 10 * 8192
+GEMMA3_SLIDING = 52 * 8192
+GEMMA3_WINDOW = 1024
 
 # Llama-4-Scout-like: 48 layers, every 4th NoPE (full), the 36 others chunked (chunk 8192);
 # 8 KV heads x 128: 4096 bytes per layer and token.
 LLAMA4 = {'model_type': 'llama4_text', 'num_hidden_layers': 48, 'num_attention_heads': 40,
           'num_key_value_heads': 8, 'head_dim': 128, 'hidden_size': 5120, 'attention_chunk_size': 8192}
-LLAMA4_FULL, LLAMA4_CHUNKED, LLAMA4_CHUNK = 12 * 4096, 36 * 4096, 8192
+LLAMA4_FULL = 12 * 4096
+LLAMA4_CHUNKED = 36 * 4096
+LLAMA4_CHUNK = 8192
 
 # Qwen3-Next-like: every 4th layer full (12, 2 KV heads x 256: 2048 bytes per layer and token),
 # 36 gated-delta-net layers. One GDN layer's state, BF16 (no mamba_ssm_dtype):
