@@ -1005,8 +1005,8 @@ def _span_cell(groups, key):
     if not groups:
         return '-'
     total = sum(group['request_bytes'] for group in groups)
-    return '%s (%s)' % (_gib_cell(total), ', '.join('%d x %s %d' % (group['layers'], key, group[key])
-                                                     for group in groups))
+    parts = ['%d x %s %d' % (group['layers'], key, group[key]) for group in groups]
+    return '%s (%s)' % (_gib_cell(total), ', '.join(parts))
 
 
 def _breakdown_rows(plan):

@@ -22,6 +22,8 @@ ALLOWED = {
     "cluster_gpus", "cluster_ray_num_gpus",
     # no kernel log in a container
     "memwatch_kernel_log_source",
+    # the lab machine's hard open-files limit (20000), which its runc may not raise
+    "serve_nofile_limit",
     # the tiny lab model instead of the real one, and its plan figures
     "spark_model_name", "checkpoint_source", "checkpoint_src_path", "ple_enabled",
     "memory_plan_weight_bytes", "memory_plan_ple_gib", "memory_plan_mtp_enabled",

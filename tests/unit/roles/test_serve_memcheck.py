@@ -221,8 +221,8 @@ def test_bad_inputs_exit_2_naming_the_option(tmp_path, proc, drop, args, needle)
             args[i] = _meminfo_without(tmp_path, a[len("@no-"):])
         elif a == "@bad-MemFree":
             bad = tmp_path / "bad.meminfo"
-            bad.write_text(re.sub(r"^MemFree:.*$", "MemFree:        lots kB", open(fixture("spark_fresh.meminfo"),
-                                                                                  encoding="ascii").read(), flags=re.M))
+            with open(fixture("spark_fresh.meminfo"), encoding="ascii") as f:
+                bad.write_text(re.sub(r"^MemFree:.*$", "MemFree:        lots kB", f.read(), flags=re.M))
             args[i] = str(bad)
     meminfo = None if "--meminfo" in args else "spark_page_cache.meminfo"   # MemFree short: a drop would show
     r = memcheck(*args, meminfo=meminfo, proc_dir=proc, drop_file=drop)

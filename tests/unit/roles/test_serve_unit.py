@@ -156,7 +156,7 @@ def test_command_line_carries_the_plan_and_the_mtp_json(renders):
     assert "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'" in text
     assert "--gpus all" in text and "--ipc host" in text
     # an init reaps what vLLM's forked workers leave; an open-files limit a long context does not hit
-    assert "--ulimit nofile=1048576:1048576" in text and " --init " in text
+    assert "--ulimit nofile=65536:65536" in text and " --init " in text
     assert "docker stop -t 30 sparkops-vllm" in text and "TimeoutStopSec=60" in text
     assert "StartLimitBurst=3" in text and "Restart=on-failure" in text
     assert oct(env.stat().st_mode & 0o777) == "0o600"
@@ -508,8 +508,9 @@ def test_crashes_after_serving_are_bounded_in_a_window(tmp_path):
     for n, (code, status) in enumerate([("exited", "1"), ("exited", "75"), ("killed", "9")]):
         invocation = "inv%d" % n
         (state / "x.service.healthy").write_text(invocation + "\n")
-        r = helper("stop-post", *base, env=dict(env, INVOCATION_ID=invocation, SERVICE_RESULT="exit-code" if code == "exited" else "signal",
-                                                  EXIT_CODE=code, EXIT_STATUS=status), check=True)
+        result = "exit-code" if code == "exited" else "signal"
+        r = helper("stop-post", *base, check=True,
+                   env=dict(env, INVOCATION_ID=invocation, SERVICE_RESULT=result, EXIT_CODE=code, EXIT_STATUS=status))
         assert ("crash" in r.stderr) == (status != "75"), r.stderr
     assert len(json.loads((state / "x.service.crashes").read_text())) == 2
     assert (state / "x.service.failed-starts").read_text() == "0\n"

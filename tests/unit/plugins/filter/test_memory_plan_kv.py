@@ -289,8 +289,8 @@ def test_the_table_breaks_a_request_down_when_it_is_not_just_full_attention():
     assert table['of which full attention GiB'] == [
         '%.3f' % (81920 * 131072 * 0.58 / 2 ** 30), '%.3f' % (262144 * 29482 * 0.58 / 2 ** 30),
         '%.3f' % (24576 * 32768 * 0.58 / 2 ** 30)]
-    assert table['of which sliding window GiB'] == ['%.3f (52 x window 1024)' % (425984 * 1024 * 0.58 / 2 ** 30),
-                                                   '-', '-']
+    sliding = '%.3f (52 x window 1024)' % (425984 * 1024 * 0.58 / 2 ** 30)
+    assert table['of which sliding window GiB'] == [sliding, '-', '-']
     assert table['of which chunked local GiB'] == ['-', '-', '-']
     assert table['of which recurrent GiB/seq'] == ['-', '-', '%.3f (gated_delta_net)' % (39518208 / 2 ** 30)]
     labels = list(table)
