@@ -375,7 +375,8 @@ def test_a_server_whose_engine_died_is_restarted(host):
     assert "nothing asked it to stop" in log, log[-2000:]
     wait_for("the restarted server to answer /health", lambda: healthy(host), HEALTH_TIMEOUT_S, step=2)
     warm_up(host)
-    assert prop(host, SVC, "ActiveState") == "active"
+    # Type=notify: active once the helper's first probe passed, shortly after /health
+    wait_for("the unit to report ready", lambda: prop(host, SVC, "ActiveState") == "active", 60)
     assert int(prop(host, SVC, "NRestarts")) == restarts + 1
 
 

@@ -279,14 +279,17 @@ def test_the_bound_leaves_the_server_stopped_with_its_reason(box, vllm):
     assert box.calls.read_text().startswith("stop -t 5 c")
 
 
-def test_a_start_by_hand_clears_the_liveness_restarts(tmp_path, vllm):
-    b = Box(tmp_path, vllm, nrestarts=0)
+@pytest.mark.parametrize("nrestarts", [0, 1])
+def test_a_start_by_hand_clears_the_liveness_restarts(tmp_path, vllm, nrestarts):
+    """NRestarts 0, or a start after liveness gave up (systemd never restarts after exit 78, though
+    NRestarts may still count the restarts before it)."""
+    b = Box(tmp_path, vllm, nrestarts=nrestarts)
     try:
         b.live_dir.mkdir()
         (b.live_dir / "state.json").write_text(json.dumps({"state": "given_up", "restarts": [time.time() - 30]}))
         b.start(max_restarts=1, serve_s=1)
         rc, _out, err = b.wait()
-        assert rc == 1 and "the liveness restarts (1) start afresh" in err
+        assert rc == 1 and "a start asked for by hand: the liveness restarts (1) start afresh" in err
         assert b.state_json()["restarts"] == []
     finally:
         b.close()
