@@ -15,7 +15,7 @@ LAB_RUNTIME_IMAGE = $(shell lab/runtime/tag.sh)
 LAB_MODEL_DIR := /var/cache/sparkops/models/tiny-llama
 # The Molecule scenarios in two lanes side by side (tests/run_scenarios.py): a lane's scenarios one
 # after the other. Scenarios that build into the same runtime image repository share a lane.
-MOLECULE_LANES ?= rollout,serve,memwatch,checkpoint production,cluster,ple,drivers
+MOLECULE_LANES ?= rollout,serve production,cluster,ple,drivers,memwatch,checkpoint
 TIMED := tests/timed.sh
 
 .PHONY: lab lab-down lab-image runtime-image lab-model lab-model-timed engine deps test checks unit lint sanity molecule clean
