@@ -236,7 +236,7 @@ def test_a_stalled_idle_server_is_stopped_with_its_evidence_and_exit_75(box, vll
 def test_a_busy_server_whose_counters_advance_is_never_probed_nor_stopped(box, vllm):
     # requests run for more than three stall bounds; each /metrics read shows new tokens
     vllm.running, vllm.advancing = 3.0, True
-    box.start(serve_s=3.5, stall=1.0)
+    box.start(serve_s=2.5, stall=0.7)
     box.read_messages(lambda m: "READY=1" in m)
     probes = vllm.probes                    # the first probe (before READY=1) only
     vllm.completions = "hang"               # a probe now would stall the check and stop the server
@@ -251,7 +251,7 @@ def test_frozen_counters_while_busy_lead_to_a_probe_after_the_bound(box, vllm, p
     """Stale gauges (2 running) with counters that stopped: probed once the bound is over; a probe
     that answers (a long prefill) keeps the server, one that hangs stops it."""
     vllm.running = 2.0
-    box.start(serve_s=3.5, stall=1.0)
+    box.start(serve_s=2.5, stall=0.7)
     box.read_messages(lambda m: "READY=1" in m)
     probes = vllm.probes
     vllm.completions = probe
