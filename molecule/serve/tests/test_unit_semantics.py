@@ -253,6 +253,33 @@ def busy_requests(host):
     return int(sum(values)) if values else None
 
 
+def start_load(host, unit, folder, workers):
+    """`workers` clients under the transient unit `unit`, each sending one long completion (1000
+    tokens) after another until `folder`/stop exists; answers go to `folder`/<w>-<n>.json, curl
+    failures to `folder`/errors. Default sampling: the lab's vLLM 0.32 CPU build kills its engine
+    on greedy or seeded sampling."""
+    host.run("systemctl stop %s; rm -rf %s; mkdir -p %s" % (unit, folder, folder))
+    body = json.dumps({"model": "tiny-llama", "prompt": "The spark", "max_tokens": 1000, "ignore_eos": True})
+    script = ("for w in $(seq %d); do (n=0; while [ ! -e %s/stop ]; do n=$((n+1)); "
+              "curl -sS --max-time 600 -o %s/$w-$n.json %s -H 'Content-Type: application/json' "
+              "-d '%s' %s/v1/completions || { echo \"$w-$n: curl exit $?\" >> %s/errors; sleep 1; }; done) & done; wait"
+              % (workers, folder, folder, curl_auth(), body, BASE, folder))
+    host.run_expect([0], "systemd-run --unit %s --collect /bin/sh -c %s" % (unit, shlex.quote(script)))
+
+
+def end_load(host, unit, folder, workers):
+    """Ends the load of start_load: no request was cut, each answer carries every token it asked for."""
+    host.run_expect([0], "touch %s/stop" % folder)
+    wait_for("the load to end", lambda: host.run("systemctl is-active %s" % unit).stdout.strip()
+             in ("inactive", "failed", "unknown"), 600, step=2)
+    assert not host.file(folder + "/errors").exists, host.file(folder + "/errors").content_string
+    answers = host.check_output("ls %s | grep '[.]json$' || true" % folder).split()
+    assert len(answers) >= workers, answers
+    for name in answers:
+        done = json.loads(host.file("%s/%s" % (folder, name)).content_string)
+        assert done["usage"]["completion_tokens"] == 1000, (name, done)
+
+
 def monotonic_us(host, unit, prop_name):
     return int(prop(host, unit, prop_name + "Monotonic"))
 
@@ -266,19 +293,12 @@ def test_recycle_waits_while_requests_run_and_gives_up_at_the_bound(host):
     test's polling, which a loaded machine slows by seconds per call."""
     ensure_serving(host)
     load = "sparkops-test-load"
-    host.run("systemctl stop %s; rm -rf /tmp/load; mkdir -p /tmp/load" % load)
-    # default sampling: the lab's vLLM 0.32 CPU build kills its engine on greedy or seeded sampling
-    body = json.dumps({"model": "tiny-llama", "prompt": "The spark", "max_tokens": 1000, "ignore_eos": True})
-    script = ("for w in $(seq %d); do (n=0; while [ ! -e /tmp/load/stop ]; do n=$((n+1)); "
-              "curl -sS --max-time 600 -o /tmp/load/$w-$n.json %s -H 'Content-Type: application/json' "
-              "-d '%s' %s/v1/completions || { echo \"$w-$n: curl exit $?\" >> /tmp/load/errors; sleep 1; }; done) & done; wait"
-              % (LOAD_WORKERS, curl_auth(), body, BASE))
     set_dropin(host, RECYCLE, "[Service]\nEnvironment=SPARKOPS_RECYCLE_DRAIN_TIMEOUT_S=%d SPARKOPS_RECYCLE_POLL_S=1\n" % DRAIN_S)
     inv = prop(host, SVC, "InvocationID")
     container = host.check_output("docker inspect -f '{{.Id}}' %s" % CONTAINER)
     try:
         since = now(host)
-        host.run_expect([0], "systemd-run --unit %s --collect /bin/sh -c %s" % (load, shlex.quote(script)))
+        start_load(host, load, "/tmp/load", LOAD_WORKERS)
 
         def loaded():
             if (busy_requests(host) or 0) >= 1:
@@ -310,16 +330,7 @@ def test_recycle_waits_while_requests_run_and_gives_up_at_the_bound(host):
         assert host.check_output("docker inspect -f '{{.Id}}' %s" % CONTAINER) == container
         assert journal_count(host, SVC, since, "Stopping ") == 0
         assert (busy_requests(host) or 0) >= 1, "the load did not outlive the recycle's bound"
-        # No request was cut: each ends with every token it asked for.
-        host.run_expect([0], "touch /tmp/load/stop")
-        wait_for("the load to end", lambda: host.run("systemctl is-active %s" % load).stdout.strip()
-                 in ("inactive", "failed", "unknown"), 600, step=2)
-        assert not host.file("/tmp/load/errors").exists, host.file("/tmp/load/errors").content_string
-        answers = host.check_output("ls /tmp/load | grep '[.]json$' || true").split()
-        assert len(answers) >= LOAD_WORKERS, answers
-        for name in answers:
-            done = json.loads(host.file("/tmp/load/" + name).content_string)
-            assert done["usage"]["completion_tokens"] == 1000, (name, done)
+        end_load(host, load, "/tmp/load", LOAD_WORKERS)
     finally:
         host.run("touch /tmp/load/stop; systemctl stop %s %s; systemctl reset-failed %s" % (load, RECYCLE, RECYCLE))
         clear_dropin(host, RECYCLE)
