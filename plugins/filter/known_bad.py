@@ -22,7 +22,8 @@ description:
     (sparkops.appliance.deb_pins), which orders dotted numbers numerically."
   - "O(observed): what was seen, each C({component, version, source}) (C(source) names where the
     version comes from: a variable or a fact). An empty version was not seen and is not checked:
-    its component is listed in C(unchecked)."
+    its component is listed in C(unchecked). The version C(none) says the component is not there
+    (a runtime image without NCCL, as a CPU build): no entry matches it, and it is not unchecked."
   - "O(accept): entry ids whose C(refuse) is taken knowingly: a match then warns instead. An id that
     names no entry is refused (a typo would otherwise accept nothing, silently)."
   - A malformed entry (missing key, unknown component or action, unreadable clause, duplicate id) is
@@ -72,6 +73,7 @@ COMPONENTS = ("driver", "kernel", "nccl", "vllm")
 ACTIONS = ("refuse", "warn")
 KEYS = ("id", "component", "versions", "action", "reason", "reported_at", "fix")
 ACCEPT_VAR = "preflight_accept_known_bad"
+NOT_SHIPPED = "none"        # the component is not there (e.g. an image without NCCL): nothing to match
 _ID = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 _CLAUSE = re.compile(r"^\s*(?:(?P<branch>[^\s*<>=!,]+)\.\*|(?P<op><=|>=|==|!=|<|>)?\s*(?P<version>[^\s<>=!,*]+))\s*$")
 _OPS = {"<": lambda c: c < 0, "<=": lambda c: c <= 0, ">": lambda c: c > 0, ">=": lambda c: c >= 0,
@@ -150,6 +152,8 @@ def known_bad(entries, observed, accept=None):
         if not version:
             if seen["component"] not in result["unchecked"]:
                 result["unchecked"].append(seen["component"])
+            continue
+        if version == NOT_SHIPPED:
             continue
         for entry, clauses in checked:
             if entry["component"] != seen["component"]:

@@ -123,3 +123,11 @@ def test_the_shipped_list_is_well_formed_and_covers_each_component():
     assert passed == {"refusals": [], "warnings": [], "unchecked": []}
     warned = known_bad(entries, [seen("nccl", "2.28.9"), seen("vllm", "0.23.0")])
     assert warned["refusals"] == [] and len(warned["warnings"]) == 2
+
+
+@pytest.mark.parametrize("versions", ["!= 2.30.4", "none.*", "< 2.30.4"])
+def test_none_is_a_component_not_shipped_neither_matched_nor_unchecked(versions):
+    # an image without NCCL (the lab's CPU build) records "none": no entry can match what is not there
+    out = known_bad([entry(id="nccl-any", component="nccl", versions=versions)],
+                    [seen("nccl", "none", "sparkops/vllm-runtime:0123456789ab (its label io.sparkops.nccl-version)")])
+    assert out == {"refusals": [], "warnings": [], "unchecked": []}
