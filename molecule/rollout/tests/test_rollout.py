@@ -190,13 +190,27 @@ def out_intervals(lb_dir):
     return spans
 
 
-def rollout(lb_dir, name, extra_vars):
+def lb_extra(lb_dir, extra_vars):
+    return dict(extra_vars, rollout_drain_hook=os.path.join(SCENARIO, "tasks", "lb_hook.yml"), rollout_lab_lb_dir=lb_dir)
+
+
+def reset_lb(lb_dir):
     if os.path.exists(os.path.join(lb_dir, "events.log")):
         os.remove(os.path.join(lb_dir, "events.log"))
     for host in HOSTS:
         with open(os.path.join(lb_dir, host), "w") as handle:
             handle.write("in\n")
-    extra = dict(extra_vars, rollout_drain_hook=os.path.join(SCENARIO, "tasks", "lb_hook.yml"), rollout_lab_lb_dir=lb_dir)
+
+
+def lb_state(lb_dir, host):
+    with open(os.path.join(lb_dir, host)) as handle:
+        return handle.read().strip()
+
+
+def rollout(lb_dir, name, extra_vars, limit=None, reset=True):
+    if reset:
+        reset_lb(lb_dir)
+    extra = lb_extra(lb_dir, extra_vars)
     env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
     log_path = evidence(name + "-prober.jsonl")
     if os.path.exists(log_path):
@@ -204,8 +218,8 @@ def rollout(lb_dir, name, extra_vars):
     start = time.monotonic()
     with Prober(lb_dir, log_path) as prober:
         time.sleep(5)   # requests flow before the rollout begins
-        proc = subprocess.run(["ansible-playbook", "-i", inventory(), ROLLOUT,
-                               "-e", json.dumps(extra)],
+        proc = subprocess.run(["ansible-playbook", "-i", inventory(), ROLLOUT, "-e", json.dumps(extra)]
+                              + (["--limit", limit] if limit else []),
                               capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1800, check=False)
         wall = time.monotonic() - start - 5
         time.sleep(5)
@@ -322,6 +336,72 @@ def test_a_converge_that_would_restart_every_serving_host_stops_and_names_rollou
     assert proc.returncode != 0, out[-4000:]
     assert "would restart the servers serving now on 3 hosts" in out and "playbooks/rollout.yml" in out, out[-4000:]
     assert dict((h, sh(h, "sha256sum %s; stat -c %%Y %s" % (UNIT_FILE, UNIT_FILE)).stdout) for h in HOSTS) == before
+
+
+ROLLOUT_STATE = "/etc/sparkops/sparkops-serve.rollout.json"
+
+
+def invocation(host):
+    return sh(host, "systemctl show -p InvocationID --value sparkops-serve.service").stdout.strip()
+
+
+GOOD_RECORD = "/etc/sparkops/sparkops-serve.good.json"
+
+
+def test_a_rollout_interrupted_after_the_unit_write_ends_served_and_back_in_rotation(lb_dir):
+    """A rollout of one host killed (its whole process group, as a lost controller or a Ctrl-C would
+    leave it) the moment the new unit is on the host: the host is out of the balancer, marked drained,
+    its unit new and never gated. The next run, with the same change (so nothing is left to write),
+    finds the drain state, restarts the server, gates it and puts it back in the balancer; the new
+    configuration is then the last good one. Before the drain state, that run saw no pending change:
+    no drain, no restart, no gate, and the host stayed out of the balancer."""
+    host = HOSTS[0]
+    reset_lb(lb_dir)
+    extra = lb_extra(lb_dir, {"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "interrupted"}})
+    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
+    unit_before = sh(host, "sha256sum %s" % UNIT_FILE).stdout
+    image_before = unit_image(host)
+    with open(evidence("interrupted-first-ansible.log"), "w") as log:
+        proc = subprocess.Popen(["ansible-playbook", "-i", inventory(), ROLLOUT, "--limit", host, "-e", json.dumps(extra)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=PROJECT, start_new_session=True)
+        deadline = time.monotonic() + 1200
+        killed = False
+        while proc.poll() is None and time.monotonic() < deadline:
+            if sh(host, "sha256sum %s" % UNIT_FILE).stdout != unit_before:
+                os.killpg(proc.pid, 9)
+                killed = True
+                break
+            time.sleep(0.2)
+        proc.wait(timeout=60)
+    with open(evidence("interrupted-first-ansible.log")) as handle:
+        first_out = handle.read()
+    assert killed, "the first run ended (rc %s) before its unit write: %s" % (proc.returncode, first_out[-3000:])
+    new_image = unit_image(host)
+    assert new_image != image_before
+    state = json.loads(sh(host, "cat %s" % ROLLOUT_STATE).stdout)
+    assert state["drained"] is True, state
+    assert lb_state(lb_dir, host) == "out"
+    invocation_after_kill = invocation(host)
+    good_before = json.loads(sh(host, "cat %s" % GOOD_RECORD).stdout)
+    assert good_before["image"] == image_before, good_before
+
+    proc, prober, summary = rollout(lb_dir, "interrupted-again", extra, limit=host, reset=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "restarts: an earlier rollout left this host drained" in out, out[-4000:]
+    assert unit_image(host) == new_image
+    assert lb_state(lb_dir, host) == "in"
+    state = json.loads(sh(host, "cat %s" % ROLLOUT_STATE).stdout)
+    assert state["drained"] is False and state["result"] == "gated", state
+    assert json.loads(sh(host, "cat %s" % GOOD_RECORD).stdout)["image"] == new_image
+    status, body = request("http://%s:8000/v1/completions" % address(host),
+                           {"model": "tiny-llama", "prompt": "hello", "max_tokens": 4})
+    assert status == 200 and json.loads(body)["choices"], host
+    # the server that answers was started by the second run (systemd's id of the unit's current start)
+    assert invocation(host) != invocation_after_kill
+    for record in prober.records:
+        if record["kind"] == "completion" and not record["ok"]:
+            assert record["host"] == host and record["lb_at_end"] == "out", record
 
 
 VERIFY = os.path.join(PROJECT, "playbooks", "verify.yml")
