@@ -82,6 +82,8 @@ INPUTS = {
     'kv_split_across_tp': ('bool', False, None, False,
                            'whether the given kv_bytes_per_token divides across TP ranks'),
     'model_config': ('dict', False, None, False, "the checkpoint's parsed config.json"),
+    'kv_layout_measured': ('dict', False, None, False,
+                           "vLLM's own KV cache spec of one rank (the serve role's vllm_kv_spec.py)"),
     'max_num_batched_tokens': ('int', False, 1, False, 'prefill chunk (shown, not used)'),
     'mtp_num_speculative_tokens': ('int', False, 0, False, 'MTP draft tokens (shown, not used)'),
 }
@@ -92,6 +94,8 @@ _BOOL_WORDS = ('true', 'false', 'yes', 'no', 'on', 'off', 'y', 'n', 't', 'f')
 def _knob(name):
     if name == 'model_config':
         return "the checkpoint's config.json"
+    if name == 'kv_layout_measured':
+        return "the runtime image's vLLM, read by the serve role; bypass: set memory_plan_kv_bytes_per_token"
     return VAR_PREFIX + name
 
 
@@ -146,7 +150,8 @@ def _check_input(name, value):
     if kind == 'dict':
         if not isinstance(value, dict):
             raise _error(name, 'is %r, not a mapping' % (type(value).__name__,),
-                         'pass the parsed config.json (from_json)')
+                         'pass the parsed config.json (from_json)' if name == 'model_config'
+                         else "pass vllm_kv_spec.py's JSON output (from_json)")
         return value
     dec = _to_decimal(name, value)
     if kind == 'int' and dec != dec.to_integral_value():
@@ -185,7 +190,7 @@ def normalize_inputs(raw):
     for name, spec in INPUTS.items():
         if not spec[1] or name in out:
             continue
-        if name == 'kv_bytes_per_token' and 'model_config' in out:
+        if name == 'kv_bytes_per_token' and ('model_config' in out or 'kv_layout_measured' in out):
             continue
         raise _error(name, 'is missing', 'set %s (%s)' % (_knob(name), spec[4]))
     out.setdefault('tensor_parallel_size', DEFAULT_TENSOR_PARALLEL_SIZE)
@@ -284,6 +289,79 @@ def _kv_from_config(config, tp):
             'recurrent_kind': layout['recurrent_kind']}
 
 
+def _measured_number(where, value, kind='num', minimum=0, exclusive=False):
+    """A figure of kv_layout_measured, checked like an input (its place named in the message)."""
+    try:
+        dec = _to_decimal('kv_layout_measured', value)
+    except MemoryPlanError:
+        raise _error('kv_layout_measured', '%s is %r, not a number' % (where, value))
+    if kind == 'int' and dec != dec.to_integral_value():
+        raise _error('kv_layout_measured', '%s is %s, not a whole number' % (where, dec))
+    if dec < minimum or (exclusive and dec == minimum):
+        raise _error('kv_layout_measured', '%s is %s, expected %s %s'
+                     % (where, dec, '>' if exclusive else '>=', minimum))
+    return int(dec) if kind == 'int' else dec
+
+
+def _kv_measured(layout):
+    """What the plan counts of vLLM's own KV cache spec of one rank (vllm_kv_spec.py's figures).
+
+    The same shape as :func:`kv_cache_layout`: ``full_bytes_per_token``, ``sliding`` [{window,
+    layers, bytes_per_token}], ``chunked`` [{chunk, layers, bytes_per_token}],
+    ``recurrent_state_bytes_per_sequence``, ``recurrent_kind``; BF16 per token, as vLLM allocates
+    it for a model of dtype bfloat16 with --kv-cache-dtype auto. ``other``: layer specs vLLM
+    reported that the plan cannot count (refused).
+    """
+    other = layout.get('other') or []
+    if other:
+        raise _error('kv_layout_measured', 'holds layers of kinds the plan does not count (%s)'
+                     % ', '.join(str(o) for o in other))
+    if 'full_bytes_per_token' not in layout:
+        raise _error('kv_layout_measured', "has no 'full_bytes_per_token'")
+    full = _measured_number('full_bytes_per_token', layout['full_bytes_per_token'])
+    spans = []
+    for kind, key in (('sliding', 'window'), ('chunked', 'chunk')):
+        groups = layout.get(kind) or []
+        if not isinstance(groups, list):
+            raise _error('kv_layout_measured', "'%s' is %r, not a list" % (kind, type(groups).__name__))
+        for i, group in enumerate(groups):
+            where = '%s[%d]' % (kind, i)
+            if not isinstance(group, dict) or not {key, 'layers', 'bytes_per_token'} <= set(group):
+                raise _error('kv_layout_measured', "%s is %r, expected {%s, layers, bytes_per_token}"
+                             % (where, group, key))
+            spans.append((kind, _measured_number(where + '.' + key, group[key], 'int', 1),
+                          _measured_number(where + '.layers', group['layers'], 'int', 1),
+                          _measured_number(where + '.bytes_per_token', group['bytes_per_token'], exclusive=True)))
+    recurrent = _measured_number('recurrent_state_bytes_per_sequence',
+                                 layout.get('recurrent_state_bytes_per_sequence') or 0, 'int')
+    return {'full': full, 'spans': spans, 'recurrent': recurrent,
+            'recurrent_kind': layout.get('recurrent_kind') or (
+                'recurrent' if recurrent else None)}
+
+
+def _kv_summary(kv, mult, length, extra=None):
+    """One KV reading as the plan shows it beside the other: per-token figures and one request."""
+    cost = _KvCost(_CTX.multiply(Decimal(kv['full']), mult), kv['spans'], mult, kv['recurrent'])
+    out = {'full_bytes_per_token': _f(Decimal(kv['full'])),
+           'sliding': [{'window': span, 'layers': layers, 'bytes_per_token': _f(bpt)}
+                       for kind, span, layers, bpt in kv['spans'] if kind == 'sliding'],
+           'chunked': [{'chunk': span, 'layers': layers, 'bytes_per_token': _f(bpt)}
+                       for kind, span, layers, bpt in kv['spans'] if kind == 'chunked'],
+           'recurrent_state_bytes_per_sequence': int(kv['recurrent']),
+           'kv_request_bytes': _f(cost.request(length)),
+           'kv_need_gib': _f(_CTX.divide(cost.request(length), GIB))}
+    out.update(extra or {})
+    return out
+
+
+def _same_kv(one, other):
+    """Whether two KV readings count the same bytes (figures compared exactly)."""
+    def key(kv):
+        return (Decimal(kv['full']), sorted((k, s, n, Decimal(b)) for k, s, n, b in kv['spans']),
+                int(kv['recurrent']))
+    return key(one) == key(other)
+
+
 def _refuse_config(what, fix='set memory_plan_kv_bytes_per_token'):
     return MemoryPlanError("memory_plan: the checkpoint's config.json (model_config) cannot size the KV of one "
                            "request: %s; %s" % (what, fix))
@@ -320,6 +398,7 @@ def compute_plan(raw):
         kv_mult = inp['kv_mult']
     else:
         kv_mult = KV_DTYPE_MULT[inp['kv_cache_dtype']]
+    config_kv = measured = kv_config_error = None
     if 'kv_bytes_per_token' in inp:
         # A given figure is the whole per-token cost: nothing bounded, no recurrent state.
         if inp['kv_split_across_tp']:
@@ -329,9 +408,31 @@ def compute_plan(raw):
         kv_source = 'given'
         kv = {'spans': [], 'recurrent': 0, 'recurrent_kind': None}
     else:
-        kv = _kv_from_config(inp['model_config'], tp)
+        # vLLM's own figure (measured in the runtime image) wins over the config.json reading; both
+        # are kept to be shown side by side. A config.json this reading refuses does not stop a plan
+        # vLLM measured: its refusal is shown instead.
+        if 'model_config' in inp:
+            try:
+                config_kv = _kv_from_config(inp['model_config'], tp)
+            except MemoryPlanError as exc:
+                if 'kv_layout_measured' not in inp:
+                    raise
+                kv_config_error = str(exc)
+        if 'kv_layout_measured' in inp:
+            kv = _kv_measured(inp['kv_layout_measured'])
+            kv_source = 'vllm'
+        else:
+            kv = config_kv
+            kv_source = 'config'
         kv_bpt = Decimal(kv['full'])
-        kv_source = 'config.json'
+    if kv_source == 'vllm':
+        given = inp['kv_layout_measured']
+        measured = _kv_summary(kv, kv_mult, inp['max_model_len'], dict(
+            (key, given[key]) for key in ('vllm_version', 'image', 'image_id', 'tensor_parallel_size')
+            if given.get(key) is not None))
+        if measured.get('tensor_parallel_size', tp) != tp:
+            raise _error('kv_layout_measured', 'was measured at tensor_parallel_size %s, the plan is for %d'
+                         % (measured['tensor_parallel_size'], tp), 'measure it again at %d' % tp)
     kv_token_bytes = _CTX.multiply(kv_bpt, kv_mult)
     kv_cost = _KvCost(kv_token_bytes, kv['spans'], kv_mult, kv['recurrent'])
     length = inp['max_model_len']
@@ -390,7 +491,12 @@ def compute_plan(raw):
         'fixed_gib': _f(fixed),
         'comm_reserve_gib': _f(comm),
         'kv_bytes_per_token': _f(kv_bpt),
-        'kv_bytes_per_token_source': kv_source,
+        'kv_bytes_per_token_source': {'config': 'config.json'}.get(kv_source, kv_source),
+        'kv_source': kv_source,
+        'kv_config': None if config_kv is None else _kv_summary(config_kv, kv_mult, length),
+        'kv_config_error': kv_config_error,
+        'kv_vllm': measured,
+        'kv_vllm_differs': None if measured is None or config_kv is None else not _same_kv(kv, config_kv),
         'kv_mult': _f(kv_mult),
         'kv_need_gib': _f(kv_need),
         'kv_full_bytes_per_token': _f(kv_bpt),
@@ -425,7 +531,7 @@ def compute_plan(raw):
 def _echo_inputs(inp, kv_mult):
     out = {}
     for name, value in inp.items():
-        if name == 'model_config':
+        if name in ('model_config', 'kv_layout_measured'):  # shown as kv_config and kv_vllm
             continue
         if isinstance(value, Decimal):
             out[name] = _f(value)
@@ -1020,15 +1126,48 @@ def _breakdown_rows(plan):
     ]
 
 
-def plan_rows(plan, sources=None, breakdown=None):
+def _has_vllm_kv(plan):
+    """Whether this plan was given vLLM's own KV figures (kv_source vllm)."""
+    return plan.get('kv_vllm') is not None
+
+
+def _kv_reading_cell(reading, error=None):
+    if reading is None:
+        return 'refused' if error else '-'
+    return '%s B/token, kv_need %s GiB' % (_cell(reading['full_bytes_per_token'], 1),
+                                          _cell(reading['kv_need_gib'], 3))
+
+
+def _kv_compare_rows(plan):
+    """Both KV readings and which one the plan used."""
+    used = plan.get('kv_source') or '-'
+    differs = plan.get('kv_vllm_differs')
+    if used == 'vllm' and differs is not None:
+        used += ' (config.json %s)' % ('differs' if differs else 'agrees')
+    vllm = plan.get('kv_vllm')
+    return [
+        ('KV figure used', used),
+        ('  by config.json', _kv_reading_cell(plan.get('kv_config'), plan.get('kv_config_error'))),
+        ("  by the image's vLLM", _kv_reading_cell(vllm) + (
+            ' (vLLM %s)' % vllm['vllm_version'] if vllm and vllm.get('vllm_version') else '')),
+    ]
+
+
+def plan_rows(plan, sources=None, breakdown=None, compare=None):
     """(label, value) rows of one host's plan, in reading order.
 
     ``breakdown``: add the rows of kv_need by kind (full attention, sliding window, chunked,
     recurrent state); None: when this plan's request is not full attention alone.
+    ``compare``: add the rows of the KV figure by config.json and by the runtime image's vLLM and
+    which the plan used; None: when this plan was given vLLM's figure.
     """
-    sources = sources or {}
+    sources = dict(sources or {})
     if breakdown is None:
         breakdown = _has_bounded_kv(plan)
+    if compare is None:
+        compare = _has_vllm_kv(plan)
+    if plan.get('kv_source') == 'vllm':
+        sources['kv_bytes_per_token'] = 'vllm'
     inp = plan.get('inputs', {})
 
     def src(key):
@@ -1075,6 +1214,9 @@ def plan_rows(plan, sources=None, breakdown=None):
     if breakdown:
         at = [label for label, _value in rows].index('kv_need GiB (1 max-len req)') + 1
         rows[at:at] = _breakdown_rows(plan)
+    if compare:
+        at = [label for label, _value in rows].index('KV bytes/token (node, bf16)') + 1
+        rows[at:at] = _kv_compare_rows(plan)
     return rows
 
 
@@ -1089,7 +1231,8 @@ def plan_table(plans, sources=None):
     sources = sources or {}
     hosts = sorted(plans)
     breakdown = any(_has_bounded_kv(plans[h]) for h in hosts if isinstance(plans[h], dict))
-    columns = [plan_rows(plans[h], sources.get(h), breakdown) for h in hosts]
+    compare = any(_has_vllm_kv(plans[h]) for h in hosts if isinstance(plans[h], dict))
+    columns = [plan_rows(plans[h], sources.get(h), breakdown, compare) for h in hosts]
     labels = [label for label, _v in columns[0]]
     label_w = max(len(x) for x in labels)
     widths = [max([len(h)] + [len(v) for _l, v in col]) for h, col in zip(hosts, columns)]
