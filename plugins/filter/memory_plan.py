@@ -23,6 +23,9 @@ description:
     C(wish = fixed + max(kv_need, kv_target_gib)); C(cap = mem_total_gib - host_reserve_gib);
     C(gmu = floor(min(wish, cap) / mem_total_gib * 1000) / 1000);
     C(budget = gmu * mem_total_gib); C(kv_exp = budget - fixed)."
+  - "The KV reading used, in this order: a given O(_input.kv_bytes_per_token); the runtime image's own
+    vLLM spec O(_input.kv_layout_measured); the reading of O(_input.model_config). RV(_value.kv_source)
+    says which, and RV(_value.kv_config) and RV(_value.kv_vllm) keep both readings to be compared."
   - "From O(_input.model_config) (no O(_input.kv_bytes_per_token)), kv_need is what vLLM allocates
     for ONE max-length request on this node: C(full_bytes_per_token * max_model_len * kv_mult
     + sum(sliding bytes_per_token * min(max_model_len, window)) * kv_mult
@@ -95,6 +98,17 @@ options:
           attention per token, sliding-window and chunked layers up to their span, the recurrent
           state per sequence; see the P(sparkops.appliance.kv_bytes_per_token#filter) filter and
           docs/memory-plan.md).
+        type: dict
+      kv_layout_measured:
+        description:
+          - "The runtime image's own vLLM KV cache spec of one rank at this O(_input.tensor_parallel_size)
+            (what the serve role reads with C(roles/serve/files/vllm_kv_spec.py), BF16):
+            C(full_bytes_per_token), C(sliding) [{C(window), C(layers), C(bytes_per_token)}],
+            C(chunked) [{C(chunk), C(layers), C(bytes_per_token)}], C(recurrent_state_bytes_per_sequence);
+            optional C(tensor_parallel_size) (refused when it is not the plan's), C(vllm_version),
+            C(image), C(image_id); C(other) (layer kinds the plan cannot count) must be empty."
+          - Wins over O(_input.model_config) (whose reading is kept beside it, RV(_value.kv_config));
+            a given O(_input.kv_bytes_per_token) wins over both.
         type: dict
       kv_cache_dtype:
         description: vLLM C(--kv-cache-dtype).
@@ -185,7 +199,18 @@ _value:
     comm_reserve_gib: {description: TP communication reserve included in fixed (0 at TP=1)., type: float}
     kv_bytes_per_token: {description: "BF16 KV bytes per token on this node: the given figure / TP, or from
         config.json the full-attention (and MLA latent) layers only.", type: float}
-    kv_bytes_per_token_source: {description: "C(given) or C(config.json).", type: str}
+    kv_bytes_per_token_source: {description: "C(given), C(config.json) or C(vllm).", type: str}
+    kv_source: {description: "Which KV reading the plan used: C(given) (kv_bytes_per_token), C(config)
+        (model_config) or C(vllm) (kv_layout_measured).", type: str}
+    kv_config: {description: "The config.json reading (when model_config was read): full_bytes_per_token,
+        sliding, chunked, recurrent_state_bytes_per_sequence, kv_request_bytes and kv_need_gib (one
+        max-length request by that reading); null otherwise.", type: dict}
+    kv_config_error: {description: "Why config.json could not be read, when vLLM's figure was used
+        instead; null otherwise.", type: str}
+    kv_vllm: {description: "vLLM's reading (kv_layout_measured) in the same shape as kv_config, with
+        vllm_version, image, image_id and tensor_parallel_size where given; null without it.", type: dict}
+    kv_vllm_differs: {description: "Whether vLLM's reading counts other bytes than config.json's; null
+        unless both are there.", type: bool}
     kv_mult: {description: Cache-dtype factor used., type: float}
     kv_need_gib: {description: "KV of ONE max-length request (not multiplied by max_num_seqs): kv_request_bytes
         / 2^30.", type: float}

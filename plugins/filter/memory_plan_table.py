@@ -19,6 +19,10 @@ description:
     max-length request down: full attention, sliding window and chunked local GiB (with layers
     and span), and the recurrent state GiB per sequence; the rows are shown for every host
     when any host has them (C(-) where a host has none of that kind)."
+  - "When a plan was given the runtime image's vLLM KV figure (RV(sparkops.appliance.memory_plan#filter:kv_source)
+    C(vllm)), rows under the KV bytes per token show which reading was used and both readings (bytes per
+    token and the kv_need of one max-length request by config.json and by vLLM); the rows are shown for
+    every host when any host has them."
   - Formatting only; the figures come from P(sparkops.appliance.memory_plan#filter).
 options:
   _input:
