@@ -3,8 +3,11 @@ with TP=2 over Ray, Ray's ports answering on the interconnect only, and the fail
 ends the head's server, a converge names it, starting it again serves again with no manual step)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import pytest
@@ -204,3 +207,98 @@ def test_worker_loss_stops_the_head_converge_names_it_and_rejoin_serves(host):
     assert _wait(lambda: host.run("curl -fsS --max-time 5 %s/health" % BASE).rc == 0, 900, step_s=10)
     _complete(host)
     assert _complete(host, "The spark")["usage"]["completion_tokens"] > 0
+
+
+ROLLOUT = os.path.join(PROJECT, "playbooks", "rollout.yml")
+SERVE_UNIT = "/etc/systemd/system/sparkops-serve.service"
+
+
+def _rollout_inventory():
+    """Molecule's inventory plus the scenario's group_vars/all (the lab overrides): group_vars are read
+    next to the inventory or the playbook, and playbooks/rollout.yml is not next to the scenario's."""
+    source = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
+    target = tempfile.mkdtemp(prefix="sparkops-cluster-rollout-")
+    shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+    os.makedirs(os.path.join(target, "group_vars"), exist_ok=True)
+    os.symlink(os.path.join(os.path.dirname(HERE), "group_vars", "all"), os.path.join(target, "group_vars", "all"))
+    return target
+
+
+def _images():
+    """The image each Ray container and the head's server run, as the lab's engine reports them."""
+    out = {}
+    for name in (HEAD + "-ray", WORKER + "-ray", HEAD + "-vllm"):
+        r = subprocess.run(["docker", "inspect", "--format", "{{.Config.Image}}", name], capture_output=True, text=True, check=False)
+        out[name] = r.stdout.strip() if r.returncode == 0 else None
+    return out
+
+
+def _worker_servers():
+    """Anything that is a vLLM server of the worker's: its serve unit file, a container named for it,
+    a `vllm serve` process in its Ray container."""
+    seen = []
+    if subprocess.run(["docker", "exec", WORKER, "test", "-e", SERVE_UNIT], check=False).returncode == 0:
+        seen.append("unit file")
+    names = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, check=False).stdout.split()
+    seen += [n for n in names if n == WORKER + "-vllm"]
+    procs = subprocess.run(["docker", "exec", WORKER + "-ray", "sh", "-c", "ps -eo args | grep -c '[v]llm serve' || true"],
+                           capture_output=True, text=True, check=False).stdout.strip()
+    if procs not in ("", "0"):
+        seen.append("%s vllm serve processes" % procs)
+    return seen
+
+
+def _roll(name, extra):
+    """rollout.yml on the pair while the worker is watched for a server every 2 s; the run's output is kept."""
+    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.extend(_worker_servers())
+            stop.wait(2)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        r = subprocess.run(["ansible-playbook", "-i", _rollout_inventory(), ROLLOUT, "-e", json.dumps(extra)],
+                           capture_output=True, text=True, env=env, cwd=PROJECT, timeout=2400, check=False)
+    finally:
+        stop.set()
+        watcher.join(timeout=60)
+    evidence = os.path.join(PROJECT, "tests", "output", "molecule-cluster")
+    os.makedirs(evidence, exist_ok=True)
+    with open(os.path.join(evidence, name + "-rollout.log"), "w", encoding="utf-8") as f:
+        f.write(r.stdout + r.stderr)
+    return r, seen
+
+
+def test_a_pair_rolls_out_as_one_unit_and_a_failed_gate_rolls_both_back(host):
+    """rollout.yml on the pair (one batch of two): a new image moves both Ray nodes and the head's server
+    together, the worker never runs a server of its own (before, the rollout gave it a single-node
+    `vllm serve` of the whole model and left both Ray nodes on the old image), and the pair serves TP=2
+    again. Then a rollout whose head fails its start (a tokenizer that is not there, which the parser
+    accepts) rolls both nodes back to that image together, and the pair serves again."""
+    if _name(host) != HEAD:
+        pytest.skip("driven from the head")
+    before = _images()
+    assert len(set(before.values())) == 1 and None not in before.values(), before
+    r, seen = _roll("pair-good", {"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "pair-good"}})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert not seen, seen
+    good = _images()
+    assert len(set(good.values())) == 1 and set(good.values()) != set(before.values()), good
+    assert _nodes(host)[0] == 0
+    assert _complete(host)["usage"]["completion_tokens"] > 0
+
+    bad_args = ["--enforce-eager", "--tokenizer", "/nonexistent/tokenizer"]
+    r, seen = _roll("pair-bad", {"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "pair-bad"},
+                                 "serve_extra_args": "{{ %s if cluster_role == 'head' else ['--enforce-eager'] }}" % json.dumps(bad_args)})
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode != 0, out[-6000:]
+    assert "rollout stopped at %s" % HEAD in out and "rollout stopped at pair pair-a" in out, out[-6000:]
+    assert not seen, seen
+    assert _images() == good
+    assert _nodes(host)[0] == 0
+    assert _wait(lambda: host.run("curl -fsS --max-time 5 %s/health" % BASE).rc == 0, 600, step_s=5)
+    assert _complete(host)["usage"]["completion_tokens"] > 0
