@@ -282,6 +282,140 @@ def dump_fingerprint(fp):
     return json.dumps(fp, indent=1, sort_keys=True) + "\n"
 
 
+def intact(root, revision=None):
+    """Whether root holds a copy whose fingerprint is the one its last full verification wrote
+    (sizes, mtimes and manifest unchanged since), at `revision` when given: what the quick check of
+    checkpoint_verify answers, without writing anything. A malformed manifest is not intact."""
+    try:
+        manifest = read_manifest_at(root)
+    except CheckpointError:
+        return False
+    if manifest is None:
+        return False
+    if revision and manifest.get("revision") and manifest["revision"] != revision:
+        return False
+    fp_before = read_text(os.path.join(root, FINGERPRINT_NAME)) or ""
+    fp_now = fingerprint(root, manifest)
+    return bool(fp_before) and fp_now is not None and dump_fingerprint(fp_now) == fp_before
+
+
+def read_manifest_at(root):
+    """The manifest in root, parsed, or None when root has none (a malformed one raises)."""
+    path = os.path.join(root, MANIFEST_NAME)
+    text = read_text(path)
+    return parse_manifest(text, path) if text is not None else None
+
+
+def vouched(root, manifest=None):
+    """{path: sha256} of the files of root that its last full verification vouches for: listed in its
+    manifest, and the fingerprint written after that verification names the same manifest and the
+    file's current size and mtime. Nothing else is vouched for (no manifest, no or another
+    fingerprint, a file written since)."""
+    try:
+        manifest = manifest if manifest is not None else read_manifest_at(root)
+    except CheckpointError:
+        return {}
+    if manifest is None:
+        return {}
+    try:
+        fp = json.loads(read_text(os.path.join(root, FINGERPRINT_NAME)) or "null")
+    except ValueError:
+        return {}
+    if not isinstance(fp, dict) or fp.get("manifest_sha256") != manifest_digest(manifest):
+        return {}
+    recorded = dict((f[0], (f[1], f[2])) for f in fp.get("files") or [] if isinstance(f, list) and len(f) == 3)
+    out = {}
+    for e in manifest["files"]:
+        try:
+            st = os.stat(safe_join(root, e["path"]))
+        except OSError:
+            continue
+        if st.st_size == e["size"] and recorded.get(e["path"]) == (st.st_size, st.st_mtime_ns):
+            out[e["path"]] = e["sha256"]
+    return out
+
+
+def known_sha256(root, entries, workers=0, on_bytes=None):
+    """{path: sha256} for the entries (those with a sha256) of which root holds a file of the entry's
+    size: from root's last verification where it vouches for the file, else hashed here. A file of
+    another size is left out (it is not the entry's file, whatever its bytes)."""
+    vouch = vouched(root)
+    out, to_hash = {}, []
+    for e in entries:
+        if not e.get("sha256"):
+            continue
+        p = safe_join(root, e["path"])
+        if not os.path.isfile(p) or os.path.getsize(p) != e["size"]:
+            continue
+        if e["path"] in vouch:
+            out[e["path"]] = vouch[e["path"]]
+        else:
+            to_hash.append(e["path"])
+    for rel, (_size, sha) in hash_files(root, to_hash, workers, on_bytes).items():
+        out[rel] = sha
+    return out
+
+
+def plan_dest(dest, entries, reuse_root=None, workers=0, on_bytes=None):
+    """What dest needs to hold the entries ({path, size, sha256 or None}), never judged by size
+    alone: returns (good, stale, reuse).
+
+    good: the entries whose file dest already holds (the entry's size and sha256, the sha256 known
+    from dest's last verification or hashed here; an entry without a sha256 is not judged).
+    stale: paths of files dest holds that are not the entry's (longer, or of the entry's size and
+    another sha256): to be removed before anything is fetched.
+    reuse: the entries, not good in dest, that reuse_root (the copy being served) holds: listed in
+    its manifest with the same size and sha256, and its file of that size vouched for by its last
+    verification or hashed here and found equal."""
+    checkable = [e for e in entries if e.get("sha256")]
+    have = known_sha256(dest, checkable, workers, on_bytes)
+    good, stale, rest = [], [], []
+    for e in checkable:
+        p = safe_join(dest, e["path"])
+        if have.get(e["path"]) == e["sha256"]:
+            good.append(e)
+            continue
+        # A shorter file may be a transfer cut short (rsync --append-verify resumes it and checks
+        # the whole file); a longer one, or one of the right size with another sha256, is not it.
+        if os.path.isfile(p) and os.path.getsize(p) >= e["size"]:
+            stale.append(e["path"])
+        rest.append(e)
+    reuse = []
+    if reuse_root and rest and os.path.isdir(reuse_root):
+        try:
+            old = read_manifest_at(reuse_root)
+        except CheckpointError:
+            old = None
+        listed = dict((e["path"], e) for e in (old or {"files": []})["files"])
+        candidates = [e for e in rest if e["path"] in listed and listed[e["path"]]["size"] == e["size"]
+                      and listed[e["path"]]["sha256"] == e["sha256"]]
+        held = known_sha256(reuse_root, candidates, workers, on_bytes) if candidates else {}
+        reuse = [e for e in candidates if held.get(e["path"]) == e["sha256"]]
+    return good, stale, reuse
+
+
+def link_or_copy(src, dest):
+    """Put src's file at dest: a hard link (no bytes written, the inode shared: nothing here ever
+    writes into a file in place, every write goes to a new file renamed over the old name), or a
+    copy where the file system refuses a link; through <dest>.part and a rename either way.
+    Returns "link" or "copy"."""
+    part = dest + PART_SUFFIX
+    d = os.path.dirname(dest)
+    if not os.path.isdir(d):
+        os.makedirs(d)
+    if os.path.lexists(part):
+        os.unlink(part)
+    how = "link"
+    try:
+        os.link(src, part)
+    except OSError:
+        import shutil
+        shutil.copyfile(src, part)
+        how = "copy"
+    os.replace(part, dest)
+    return how
+
+
 def read_text(path):
     try:
         with open(path, "r") as f:

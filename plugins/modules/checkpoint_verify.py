@@ -146,6 +146,14 @@ workers:
   description: Hashing threads used.
   returned: always
   type: int
+revision:
+  description: The revision the directory's manifest names (null when it names none or there is no manifest).
+  returned: always
+  type: str
+manifest_found:
+  description: Whether the directory holds a manifest (a copy accepted once, complete or since changed).
+  returned: always
+  type: bool
 problems:
   description: The mismatches found (path, what, expected, actual); the module fails when not empty.
   returned: on failure
@@ -170,7 +178,8 @@ def run(module):
     manifest_path = p["manifest"] or os.path.join(root, MANIFEST_NAME)
     fp_path = p["fingerprint"] or os.path.join(root, FINGERPRINT_NAME)
     result = dict(changed=False, verified=False, hashed=False, manifest_created=False, files=0,
-                  total_bytes=0, extra_files=[], seconds=0.0, bytes_per_second=0.0, workers=0)
+                  total_bytes=0, extra_files=[], seconds=0.0, bytes_per_second=0.0, workers=0, revision=None,
+                  manifest_found=False)
     if not os.path.isdir(root):
         if p["quick"]:
             return result
@@ -207,6 +216,8 @@ def run(module):
         problems = []
     else:
         manifest = parse_manifest(manifest_text, manifest_path)
+        result["manifest_found"] = True
+        result["revision"] = manifest.get("revision")
         if p["revision"] and manifest.get("revision") and manifest["revision"] != p["revision"]:
             if p["quick"]:
                 return result
