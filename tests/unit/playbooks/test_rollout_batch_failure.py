@@ -87,3 +87,67 @@ def test_the_stand_in_keeps_the_plays_keywords():
     play = batch_play()
     assert play["max_fail_percentage"] == 0
     assert "rescue" in play["tasks"][0] and "serial" in play
+
+
+def pair_stand_in(tmp_path, fail_on):
+    """The batch play with its keywords, the rescue's and the pair rollback's conditions and vars as they
+    are; every step that acts on a host is a stand-in that records its name (the gate fails on `fail_on`)."""
+    play = batch_play()
+    block, pair = play["tasks"]
+    assert set(block) >= {"block", "rescue"} and "block" in pair, play["tasks"]
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    record = {"name": "Record the step", "ansible.builtin.lineinfile": {
+        "path": str(tmp_path / "ran-{{ inventory_hostname }}"), "line": "{{ __step }}", "create": True}}
+    (steps / "step.yml").write_text(yaml.safe_dump([
+        record,
+        {"name": "Fail the gate here", "ansible.builtin.fail": {"msg": "gate failed on {{ inventory_hostname }}"},
+         "when": ["__step == 'gate'", "inventory_hostname == %r" % fail_on]}]))
+    (steps / "rescue.yml").write_text(yaml.safe_dump([
+        record, {"name": "Stop the rollout", "ansible.builtin.fail": {"msg": "rollout stopped at {{ inventory_hostname }}"}}]))
+    # the pair's rescue leaves the stop to the pair's last task (its message in __rollout_stop_msg)
+    (steps / "pair_rescue.yml").write_text(yaml.safe_dump([
+        record, {"name": "Say what happened", "ansible.builtin.set_fact": {
+            "__rollout_stop_msg": "rollout stopped at {{ inventory_hostname }}"}}]))
+
+    def stand_in_task(task, step, path="step.yml"):
+        out = {"name": task["name"], "ansible.builtin.include_tasks": str(steps / path), "vars": {"__step": step}}
+        if "when" in task:
+            out["when"] = task["when"]
+        return out
+    block = dict(block, block=[{"name": task["name"], "ansible.builtin.include_tasks": str(steps / "step.yml"),
+                                "vars": {"__step": step}} for task, step in zip(block["block"], STEPS)])
+    single_rescue, note = block["rescue"]
+    block["rescue"] = [stand_in_task(single_rescue, "single-rescue", "rescue.yml"), note]
+    acts = [task for task in pair["block"] if "ansible.builtin.fail" not in task]
+    assert len(acts) == 4, [task["name"] for task in pair["block"]]
+    pair = dict(pair, block=[stand_in_task(task, step, "pair_rescue.yml" if step == "pair-rescue" else "step.yml")
+                             for task, step in zip(acts, ["pair-stop-head", "pair-ray-worker", "pair-ray-head", "pair-rescue"])]
+                + [task for task in pair["block"] if "ansible.builtin.fail" in task])
+    play = dict(play, hosts="all", serial=[2, 1], tasks=[block, pair])
+    path = tmp_path / "batch.yml"
+    path.write_text(yaml.safe_dump([play], sort_keys=False))
+    return path
+
+
+def test_a_failure_on_a_pairs_head_rolls_both_nodes_back_worker_first_and_stops(tmp_path):
+    """A pair (head and worker: one batch) whose head fails its gate: neither node runs a single Spark's
+    rescue; after the block both run the pair's rollback, the worker's Ray node before the head's, the
+    head's server last; both fail (the worker naming the pair), and the later batch is never touched."""
+    playbook = pair_stand_in(tmp_path, fail_on="head")
+    inventory = tmp_path / "inventory.json"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    pair = {"cluster_name": "pair-x"}
+    inventory.write_text(json.dumps({"all": {"hosts": {
+        "head": dict(local, cluster_role="head", **pair), "worker": dict(local, cluster_role="worker", **pair),
+        "single": dict(local, cluster_role="", cluster_name="")}}}))
+    proc = harness.run_playbook(playbook, inventory=inventory, connection=None,
+                                env=harness.ansible_env(stdout_callback="ansible.builtin.default"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert ran(tmp_path, "head") == STEPS + ["pair-stop-head", "pair-ray-head", "pair-rescue"], out[-3000:]
+    assert ran(tmp_path, "worker") == STEPS + ["pair-ray-worker"], out[-3000:]
+    assert "rollout stopped at head" in out and "rollout stopped at pair pair-x" in out, out[-3000:]
+    assert ran(tmp_path, "single") == [], out[-3000:]
+    # the worker's Ray node went back before the head's (the play runs the two tasks in this order)
+    assert out.index("A pair's worker - its previous Ray node") < out.index("A pair's head - its previous Ray node")
