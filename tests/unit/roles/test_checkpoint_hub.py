@@ -126,7 +126,7 @@ def converged(tmp_path_factory, venv):
     """Both cases (a good snapshot, a corrupted one) in ONE ansible-playbook start: each a host of a
     batch inventory (this machine, local connection) with its own stand-in Hub, token, checkpoint
     dir and progress file. The variables, the token among them, are in the inventory file (on no
-    command line; the role has no vars/ and the play sets none, so the host vars reach the role as
+    command line; the role's vars/ names none of them and the play sets none, so the host vars reach the role as
     the -e @file did). One sampler watches every process for either token all the while."""
     tmp = tmp_path_factory.mktemp("hub")
     cases = {}

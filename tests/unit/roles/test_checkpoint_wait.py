@@ -7,7 +7,7 @@ a plain `sleep` standing in for the transfer.
 
 Both cases run in ONE ansible-playbook start: each is a host of a batch inventory (this machine,
 local connection) with its own job length, bound, checkpoint dir and progress file as host vars
-(the role has no vars/ that would outrank them; the play sets none)."""
+(the role's vars/ names none of them, which would outrank them; the play sets none)."""
 import os
 
 import pytest
