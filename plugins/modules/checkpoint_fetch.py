@@ -22,7 +22,7 @@ description:
     the manifest is written into I(dest) either way.
   - Progress (bytes done / total) is written to I(progress_file) while the transfer runs, so a
     play that starts this module with C(async) can show it.
-  - A file already present is kept only when it is known to hold the manifest's sha256: I(dest)'s
+  - A file already present is kept only when it is known to hold the manifest's sha256, that is when I(dest)'s
     last verification (its manifest and the fingerprint of M(sparkops.appliance.checkpoint_verify))
     vouches for it, or it has the manifest's size and is hashed here and found equal. A file of the
     right size with other bytes is fetched anew, never kept for its size alone. The full sha256
@@ -34,7 +34,7 @@ description:
     I(reuse_from) is written.
   - With I(state=space) only the free-space check runs, for I(expected_bytes).
   - With I(state=prepare) (for a transfer done by another tool, huggingface_hub or rsync) nothing is
-    transferred: the files of I(dest) that are not those I(expected) lists (longer, or of the listed
+    transferred; the files of I(dest) that are not those I(expected) lists (longer, or of the listed
     size and another sha256) are removed, a manifest of another revision or content is removed with
     its fingerprint, and the files I(reuse_from) holds are linked in as above.
 options:
@@ -67,7 +67,7 @@ options:
   expected:
     description:
       - For I(state=prepare), the files the transfer will bring, each C(path), C(size) and C(sha256)
-        (64 hex digits, or null where the source gives only the size: such a file is left to the
+        (64 hex digits, or null where the source gives only the size; such a file is left to the
         transfer tool).
     type: list
     elements: dict

@@ -111,7 +111,9 @@ import shutil
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.appliance.plugins.module_utils._checkpoint import CheckpointError, intact
 
-PRESENT, EMPTY, ABSENT = "present", "empty", "absent"
+PRESENT = "present"
+EMPTY = "empty"
+ABSENT = "absent"
 
 
 def what(path):
