@@ -139,7 +139,7 @@ def rank_main(rank, args, folders, port, queue):
         from vllm.engine.arg_utils import EngineArgs  # pylint: disable=import-outside-toplevel
         from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase  # pylint: disable=import-outside-toplevel
         from vllm.model_executor.model_loader.utils import initialize_model  # pylint: disable=import-outside-toplevel
-    except BaseException as exc:  # noqa: B036 - a broken image may fail in any way while vLLM imports
+    except Exception as exc:  # a broken image may fail in any way while vLLM imports
         queue.put((None, rank, {"cannot_load": "%s: %s" % (type(exc).__name__, exc)}))
         return
     for index, folder in enumerate(folders):
@@ -167,7 +167,7 @@ def rank_main(rank, args, folders, port, queue):
             result.update(shared_layers=shared, vllm_version=vllm.__version__,
                           cache_dtype=config.cache_config.cache_dtype,
                           model_dtype=str(config.model_config.dtype).replace("torch.", ""))
-        except BaseException as exc:  # noqa: B036 - report it, go on with the next model
+        except Exception as exc:  # report it, go on with the next model
             result = {"error": "%s: %s" % (type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else ""),
                       "trace": traceback.format_exc()[-2000:]}
         queue.put((index, rank, result))
