@@ -138,6 +138,21 @@ def test_the_image_label_is_the_plugin_digest_so_the_tag_follows_the_plugin(serv
     assert 'LABEL io.sparkops.ple-plugin="%s"' % digest in dockerfile
 
 
+def test_the_image_records_the_nccl_and_vllm_it_ships(servers):
+    """The runtime_image role reads NCCL and vLLM in the image it built (files/probe_versions.py) and
+    labels the tagged image with them: the lab's CPU build ships no NCCL and vLLM 0.32.0. The probe is
+    a LABEL of the Dockerfile (a changed probe, a new tag); the first build's stage tag is gone."""
+    import hashlib  # pylint: disable=import-outside-toplevel
+
+    image = next(a for a in unit_docker_args() if a.startswith("sparkops/molecule-ple-runtime:"))
+    labels = json.loads(docker("image", "inspect", "-f", "{{json .Config.Labels}}", image).stdout)
+    assert labels["io.sparkops.nccl-version"] == "none" and labels["io.sparkops.vllm-version"] == "0.32.0", labels
+    with open(os.path.join(PROJECT, "roles", "runtime_image", "files", "probe_versions.py"), "rb") as f:
+        assert labels["io.sparkops.version-probe"] == hashlib.sha256(f.read()).hexdigest()
+    tags = docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "sparkops/molecule-ple-runtime").stdout.split()
+    assert image in tags and image + "-stage" not in tags, tags
+
+
 def completions(port, temperature, seed=None):
     out = []
     for prompt in PROMPTS:
