@@ -20,7 +20,7 @@ import harness
 
 ROLLOUT = os.path.join(harness.ROOT, "playbooks", "rollout.yml")
 HOSTS = ["r1", "r2", "r3"]
-STEPS = ["image", "ray-prepare", "prepare", "drain", "stop-head", "ray-worker", "ray-head", "apply", "gate"]
+STEPS = ["image", "checkpoint", "ray-prepare", "prepare", "drain", "stop-head", "switch", "ray-worker", "ray-head", "apply", "gate"]
 
 
 def batch_play():
@@ -45,7 +45,7 @@ def stand_in(tmp_path, fail_on):
     (steps / "rescue.yml").write_text(yaml.safe_dump([
         {"name": "Record the rescue", "ansible.builtin.lineinfile": {
             "path": str(tmp_path / "ran-{{ inventory_hostname }}"), "line": "rescue", "create": True}},
-        {"name": "Stop the rollout", "ansible.builtin.fail": {"msg": "rollout stopped at {{ inventory_hostname }}"}}]))
+        {"name": "Say what happened", "ansible.builtin.set_fact": {"__rollout_stop_msg": "rollout stopped at {{ inventory_hostname }}"}}]))
     names = STEPS
     assert len(block["block"]) == len(names), [task["name"] for task in block["block"]]
     block = dict(block)
@@ -54,7 +54,10 @@ def stand_in(tmp_path, fail_on):
     # the rescue: a single Spark's (a pair's node notes its failure; the pair rolls back after the block)
     assert len(block["rescue"]) == 2, block["rescue"]
     block["rescue"] = [{"name": block["rescue"][0]["name"], "ansible.builtin.include_tasks": str(steps / "rescue.yml")}]
-    play = dict(play, hosts="all", serial=[2, 1], tasks=[block])
+    _pair, release, stop = play["tasks"][1:]
+    release = {"name": release["name"], "ansible.builtin.include_tasks": str(steps / "step.yml"),
+               "vars": {"__step": "release"}, "when": release["when"]}
+    play = dict(play, hosts="all", serial=[2, 1], tasks=[block, release, stop])
     path = tmp_path / "batch.yml"
     path.write_text(yaml.safe_dump([play], sort_keys=False))
     return path
@@ -78,7 +81,7 @@ def test_a_failure_in_a_batch_of_two_rescues_that_host_and_stops_after_the_batch
     assert ran(tmp_path, "r2") == STEPS + ["rescue"], out[-3000:]
     assert "rollout stopped at r2" in out, out[-3000:]
     # the batch's other host finishes its own steps (its gate puts it back) and is not rolled back
-    assert ran(tmp_path, "r1") == STEPS, out[-3000:]
+    assert ran(tmp_path, "r1") == STEPS + ["release"], out[-3000:]
     # no later batch is touched
     assert ran(tmp_path, "r3") == [], out[-3000:]
 
@@ -93,7 +96,7 @@ def pair_stand_in(tmp_path, fail_on):
     """The batch play with its keywords, the rescue's and the pair rollback's conditions and vars as they
     are; every step that acts on a host is a stand-in that records its name (the gate fails on `fail_on`)."""
     play = batch_play()
-    block, pair = play["tasks"]
+    block, pair, release, stop = play["tasks"]
     assert set(block) >= {"block", "rescue"} and "block" in pair, play["tasks"]
     steps = tmp_path / "steps"
     steps.mkdir()
@@ -104,7 +107,7 @@ def pair_stand_in(tmp_path, fail_on):
         {"name": "Fail the gate here", "ansible.builtin.fail": {"msg": "gate failed on {{ inventory_hostname }}"},
          "when": ["__step == 'gate'", "inventory_hostname == %r" % fail_on]}]))
     (steps / "rescue.yml").write_text(yaml.safe_dump([
-        record, {"name": "Stop the rollout", "ansible.builtin.fail": {"msg": "rollout stopped at {{ inventory_hostname }}"}}]))
+        record, {"name": "Say what happened", "ansible.builtin.set_fact": {"__rollout_stop_msg": "rollout stopped at {{ inventory_hostname }}"}}]))
     # the pair's rescue leaves the stop to the pair's last task (its message in __rollout_stop_msg)
     (steps / "pair_rescue.yml").write_text(yaml.safe_dump([
         record, {"name": "Say what happened", "ansible.builtin.set_fact": {
@@ -119,12 +122,14 @@ def pair_stand_in(tmp_path, fail_on):
                                 "vars": {"__step": step}} for task, step in zip(block["block"], STEPS)])
     single_rescue, note = block["rescue"]
     block["rescue"] = [stand_in_task(single_rescue, "single-rescue", "rescue.yml"), note]
-    acts = [task for task in pair["block"] if "ansible.builtin.fail" not in task]
-    assert len(acts) == 4, [task["name"] for task in pair["block"]]
+    # the pair's rollback: every task that acts on a host a stand-in; the worker's message (a set_fact) as it is
+    acts = [task for task in pair["block"] if "ansible.builtin.set_fact" not in task]
+    names = ["pair-stop-head", "pair-switch-back", "pair-ray-worker", "pair-ray-head", "pair-rescue"]
+    assert len(acts) == len(names), [task["name"] for task in pair["block"]]
     pair = dict(pair, block=[stand_in_task(task, step, "pair_rescue.yml" if step == "pair-rescue" else "step.yml")
-                             for task, step in zip(acts, ["pair-stop-head", "pair-ray-worker", "pair-ray-head", "pair-rescue"])]
-                + [task for task in pair["block"] if "ansible.builtin.fail" in task])
-    play = dict(play, hosts="all", serial=[2, 1], tasks=[block, pair])
+                             for task, step in zip(acts, names)]
+                + [task for task in pair["block"] if "ansible.builtin.set_fact" in task])
+    play = dict(play, hosts="all", serial=[2, 1], tasks=[block, pair, stand_in_task(release, "release"), stop])
     path = tmp_path / "batch.yml"
     path.write_text(yaml.safe_dump([play], sort_keys=False))
     return path
@@ -145,8 +150,9 @@ def test_a_failure_on_a_pairs_head_rolls_both_nodes_back_worker_first_and_stops(
                                 env=harness.ansible_env(stdout_callback="ansible.builtin.default"))
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
-    assert ran(tmp_path, "head") == STEPS + ["pair-stop-head", "pair-ray-head", "pair-rescue"], out[-3000:]
-    assert ran(tmp_path, "worker") == STEPS + ["pair-ray-worker"], out[-3000:]
+    # neither releases its previous checkpoint copy (the gate did not pass on the pair)
+    assert ran(tmp_path, "head") == STEPS + ["pair-stop-head", "pair-switch-back", "pair-ray-head", "pair-rescue"], out[-3000:]
+    assert ran(tmp_path, "worker") == STEPS + ["pair-switch-back", "pair-ray-worker"], out[-3000:]
     assert "rollout stopped at head" in out and "rollout stopped at pair pair-x" in out, out[-3000:]
     assert ran(tmp_path, "single") == [], out[-3000:]
     # the worker's Ray node went back before the head's (the play runs the two tasks in this order)
