@@ -14,7 +14,11 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 HEAVIEST_FIRST = [
+    "roles/test_runtime_image_labels.py",
     "roles/test_host_tuning_role.py",
+    "roles/test_vllm_kv_spec.py",
+    "roles/test_checkpoint_staged.py",
+    "roles/test_checkpoint_staged_hub.py",
     "roles/test_checkpoint_hub.py",
     "playbooks/test_plan_playbook.py",
     "roles/test_cluster_role.py",
@@ -25,6 +29,7 @@ HEAVIEST_FIRST = [
     "roles/test_serve_liveness.py",
     "plugins/filter/test_memory_plan_properties.py",
     "roles/test_serve_prepare.py",
+    "roles/test_preflight_image_labels.py",
     "memwatch/test_memwatch_daemon.py",
     "memwatch/test_memwatch_docker_unknown.py",
     "roles/test_serve_memcheck.py",
