@@ -207,7 +207,8 @@ def test_a_figure_that_differs_makes_the_plan_again_and_is_remembered(role):
     calls = kv_calls(role, CASES["half"][0])
     # asked once for both converges: the second found the memo of this image ID, config.json and TP
     assert len(calls) == 1, role["calls"]
-    assert calls[0].startswith("run --rm -i --network none --entrypoint python3 sparkops/vllm-runtime:img-half - "
+    # with the GPU where the server gets it (serve_gpus, true by default): a CUDA build needs its platform
+    assert calls[0].startswith("run --rm -i --network none --gpus all --entrypoint python3 sparkops/vllm-runtime:img-half - "
                                "--tp 1 --max-model-len 4096 {")
     assert json.loads(calls[0].split(" --max-model-len 4096 ", 1)[1]) == LLAMA
     with open(SCRIPT, encoding="utf-8") as script:
