@@ -1135,7 +1135,7 @@ def _kv_reading_cell(reading, error=None):
     if reading is None:
         return 'refused' if error else '-'
     return '%s B/token, kv_need %s GiB' % (_cell(reading['full_bytes_per_token'], 1),
-                                          _cell(reading['kv_need_gib'], 3))
+                                           _cell(reading['kv_need_gib'], 3))
 
 
 def _kv_compare_rows(plan):

@@ -127,6 +127,7 @@ def test_the_image_carries_the_versions_it_ships_as_labels(run):
     assert published["spark_runtime_image"] == tag and published["spark_runtime_image_inspect"]["Config"]["Labels"] == labels
     assert not published["spark_runtime_image_pending"]
 
+
 @debian_only
 def test_an_image_without_nccl_records_none_and_nothing_is_matched(run):
     failed, tasks = run["first"]["cpu"]

@@ -140,20 +140,21 @@ echo "$*" >> "$FAKE_LOG_DIR/systemctl.log"
 [ "$1" = is-active ] && echo active
 exit 0
 """
-PREPARE = {"name": "Serve prepare", "ansible.builtin.include_role": {"name": "sparkops.appliance.serve",
-                                                                       "tasks_from": "prepare"},
+PREPARE = {"name": "Serve prepare",
+           "ansible.builtin.include_role": {"name": "sparkops.appliance.serve", "tasks_from": "prepare"},
            "vars": {"__serve_unit_path": "{{ case_dir }}/systemd/sparkops-serve.service",
                     "__serve_helper": "{{ case_dir }}/libexec/serve-unit"}}
 # Two runs of prepare, as two converges (the second where the first measured): each starts from the
 # memory_plan role's plan (config.json's).
 PLAY = [{"name": "Prepare %d" % n, "hosts": "sparks" if n == 1 else "half", "gather_facts": True,
          "gather_subset": ["min"],
-         "tasks": [{"name": "The memory_plan role's plan", "ansible.builtin.set_fact": {
-             "spark_memory_plan": "{{ config_plan }}", "spark_memory_plan_inputs": "{{ plan_inputs }}"}},
-                   PREPARE,
-                   {"name": "Keep the plan serve uses", "ansible.builtin.copy": {
-                       "content": "{{ spark_memory_plan | to_json }}", "dest": "{{ case_dir }}/plan-%d.json" % n,
-                       "mode": "0644"}}]}
+         "tasks": [
+             {"name": "The memory_plan role's plan", "ansible.builtin.set_fact": {
+                 "spark_memory_plan": "{{ config_plan }}", "spark_memory_plan_inputs": "{{ plan_inputs }}"}},
+             PREPARE,
+             {"name": "Keep the plan serve uses", "ansible.builtin.copy": {
+                 "content": "{{ spark_memory_plan | to_json }}", "dest": "{{ case_dir }}/plan-%d.json" % n,
+                 "mode": "0644"}}]}
         for n in (1, 2)]
 CASES = {  # host -> (image, the plan's inputs)
     "half": ("sparkops/vllm-runtime:img-half", PLAN_INPUTS),
