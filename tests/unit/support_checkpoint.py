@@ -1,4 +1,5 @@
 """Shared fixtures of the checkpoint tests: a generated checkpoint and a real HTTP server."""
+import hashlib
 import os
 import sys
 import threading
@@ -56,3 +57,15 @@ def flip_byte(path, offset):
         f.seek(offset)
         f.write(bytes([b[0] ^ 0xFF]))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def snapshot(root):
+    """Every entry under root: bytes' sha256, size, mtime, inode (what 'untouched' means)."""
+    out = {}
+    for dirpath, dirnames, names in os.walk(root):
+        for n in names + dirnames:
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            digest = hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.isfile(p) else None
+            out[os.path.relpath(p, root)] = (digest, st.st_size, st.st_mtime_ns, st.st_ino)
+    return out

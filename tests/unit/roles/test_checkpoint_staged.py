@@ -13,7 +13,6 @@ the local host against a real Range-capable HTTP server on 127.0.0.1 that serves
 
 Four ansible-playbook starts, each of several plays (one play a step, so that what each step
 changed is counted on its own)."""
-import hashlib
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from support_checkpoint import SHARDS, write_checkpoint  # noqa: E402
+from support_checkpoint import SHARDS, snapshot, write_checkpoint  # noqa: E402
 from range_http_server import make_server  # noqa: E402  (support_checkpoint put it on sys.path)
 
 from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
@@ -42,16 +41,6 @@ def publish(root, revision):
         f.write(ck.dump_manifest(m))
     return m
 
-
-def snapshot(root):
-    out = {}
-    for dirpath, dirnames, names in os.walk(root):
-        for n in names + dirnames:
-            p = os.path.join(dirpath, n)
-            st = os.lstat(p)
-            digest = hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.isfile(p) else None
-            out[os.path.relpath(p, root)] = (digest, st.st_size, st.st_mtime_ns, st.st_ino)
-    return out
 
 
 def revision_at(path):

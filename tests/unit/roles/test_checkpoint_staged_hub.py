@@ -22,6 +22,7 @@ import yaml
 
 from harness import batch_inventory, host_results, play_json
 from hub_standin import REPO, make_standin_venv
+from support_checkpoint import snapshot
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
@@ -110,16 +111,6 @@ def snapshot_download(repo_id, revision, local_dir, allow_patterns=None, token=N
     return local_dir
 '''
 
-
-def snapshot(root):
-    out = {}
-    for dirpath, dirnames, names in os.walk(root):
-        for n in names + dirnames:
-            p = os.path.join(dirpath, n)
-            st = os.lstat(p)
-            digest = hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.isfile(p) else None
-            out[os.path.relpath(p, root)] = (digest, st.st_size, st.st_mtime_ns, st.st_ino)
-    return out
 
 
 def play(name, revision):

@@ -11,7 +11,6 @@
 - checkpoint_switch: switched, switched_back, released, each idempotent and check-mode aware, and a
   switch cut between its two renames finished (or undone) by the next run.
 """
-import hashlib
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ import threading
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from support_checkpoint import SHARDS, write_checkpoint  # noqa: E402
+from support_checkpoint import SHARDS, snapshot, write_checkpoint  # noqa: E402
 from range_http_server import make_server  # noqa: E402  (support_checkpoint put it on sys.path)
 
 from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
@@ -65,17 +64,6 @@ def release_two(src):
         f.write(b"  ")
     return publish(src, "r2")
 
-
-def snapshot(root):
-    """Every entry under root: bytes' sha256, size, mtime, inode (what 'untouched' means)."""
-    out = {}
-    for dirpath, dirnames, names in os.walk(root):
-        for n in names + dirnames:
-            p = os.path.join(dirpath, n)
-            st = os.lstat(p)
-            digest = hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.isfile(p) else None
-            out[os.path.relpath(p, root)] = (digest, st.st_size, st.st_mtime_ns, st.st_ino)
-    return out
 
 
 @pytest.fixture
