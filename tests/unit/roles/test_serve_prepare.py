@@ -19,6 +19,8 @@ PLAN = {"gmu": 0.5, "kv_cache_memory_bytes": 1, "docker_memory_gib": 1, "budget_
 IMAGE = "sparkops/vllm-runtime:0123456789ab"
 OLD_UNIT = "[Service]\nExecStart=/bin/true old\n"
 OLD_ENV = "OLD=1\n"
+DRAINED = {"drained": True, "since": "2026-12-02T10:00:00+00:00", "image": "sparkops/vllm-runtime:new"}
+GOOD = {"image": "sparkops/vllm-runtime:old", "checkpoint_dir": "/srv/sparkops/models/m", "checkpoint_revision": ""}
 
 # Logs every call (one line of arguments); `docker run` answers as vllm_check_args.py does on an
 # accepted line, `systemctl is-active` says the server serves.
@@ -72,12 +74,15 @@ def fixture_run(tmp_path_factory):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     hosts, before = {}, {}
-    for name, extra in (("single", {}), ("head-no-fact", {"cluster_role": "head", "cluster_name": "p"})):
+    for name, extra in (("single", {}), ("head-no-fact", {"cluster_role": "head", "cluster_name": "p"}), ("drained", {})):
         case = base / name
         (case / "etc").mkdir(parents=True)
         (case / "systemd").mkdir()
         (case / "etc" / "sparkops-serve.env").write_text(OLD_ENV)
         (case / "systemd" / "sparkops-serve.service").write_text(OLD_UNIT)
+        if name == "drained":   # what an interrupted rollout leaves, and the last gated configuration's record
+            (case / "etc" / "sparkops-serve.rollout.json").write_text(json.dumps(DRAINED, indent=2) + "\n")
+            (case / "etc" / "sparkops-serve.good.json").write_text(json.dumps(GOOD, indent=2) + "\n")
         before[name] = tree(case)
         hosts[name] = dict({
             "case_dir": str(case), "spark_memory_plan": PLAN, "serve_image": IMAGE,
@@ -86,6 +91,8 @@ def fixture_run(tmp_path_factory):
             "serve_state_dir": str(case / "state"), "serve_cache_dir": str(case / "cache"),
             "serve_report_path": str(case / "report" / "plan-vs-actual.json"),
             "serve_jemalloc": False, "serve_ple_file": "", "serve_bind_host": "127.0.0.1",
+            # two cases restart a serving server: the fleet refusal (its own tests) is not the subject here
+            "serve_refuse_fleet_restart": False,
         }, **extra)
     (base / "play.yml").write_text(yaml.safe_dump(PLAY, sort_keys=False))
     env = ansible_env(PATH=str(bin_dir) + os.pathsep + os.environ["PATH"], FAKE_LOG_DIR=str(base))
@@ -105,15 +112,17 @@ def test_prepare_parses_keeps_the_previous_files_and_restarts_nothing(run):
     assert exported["change_pending"] is True and exported["restart_pending"] is True, exported
     assert exported["url"] == "http://127.0.0.1:8000" and exported["unit"] == "sparkops-serve.service"
     assert exported["container"] == "sparkops-vllm"
+    assert exported["drained"] is False and exported["good"] == {}, exported
     # the running server's unit and env are as they were (content and mtime); the current ones are kept
     after = tree(case)
     for path in ("etc/sparkops-serve.env", "systemd/sparkops-serve.service"):
         assert after[path] == run["before"]["single"][path], path
     assert (case / "etc" / "sparkops-serve.env.previous").read_text() == OLD_ENV
     assert (case / "etc" / "sparkops-serve.service.previous").read_text() == OLD_UNIT
-    # the image's vLLM parsed the line (once), and systemd was only asked
-    assert len(run["logs"]["docker"]) == 1 and run["logs"]["docker"][0].startswith(
-        "run --rm -i --network none --entrypoint python3 %s - /model " % IMAGE), run["logs"]["docker"]
+    # the image's vLLM parsed the line (once per host that got that far: single and drained), and
+    # systemd was only asked
+    assert len(run["logs"]["docker"]) == 2 and all(line.startswith(
+        "run --rm -i --network none --entrypoint python3 %s - /model " % IMAGE) for line in run["logs"]["docker"]), run["logs"]["docker"]
     verbs = {line.split()[0] for line in run["logs"]["systemctl"]}
     assert verbs <= {"is-active", "show"} and "is-active" in verbs, run["logs"]["systemctl"]
     assert not any(r.get("changed") for _p, t, r in host_results(doc, "single")
@@ -125,3 +134,13 @@ def test_a_head_without_the_cluster_fact_is_refused_before_any_write(run):
     failed = [r.get("msg", "") for _p, _t, r in host_results(doc, "head-no-fact") if r.get("failed")]
     assert len(failed) == 1 and "spark_cluster_serve" in failed[0] and "Nothing was changed" in failed[0], failed
     assert tree(case) == run["before"]["head-no-fact"]
+
+
+def test_a_host_an_interrupted_rollout_left_drained_is_found_with_its_last_good_record(run):
+    """The drain mark (written before a rollout takes the host out of the balancer) and the last good
+    configuration's record are read back by prepare's one check-mode files call."""
+    doc, case = run["doc"], run["base"] / "drained"
+    assert not [t for _p, t, r in host_results(doc, "drained") if r.get("failed")]
+    exported = json.loads((case / "spark_serve.json").read_text())
+    assert exported["drained"] is True and exported["good"] == GOOD, exported
+    assert exported["rollout_state_file"] == str(case / "etc" / "sparkops-serve.rollout.json")
