@@ -234,6 +234,13 @@ STALE_PLAY = """\
       ansible.builtin.systemd_service:
         name: sparkops-serve.service
         state: stopped
+    - name: Plan its memory, as converge.yml does
+      ansible.builtin.include_role:
+        name: sparkops.appliance.memory_plan
+      vars:
+        memory_plan_checkpoint_dir: "{{ lab_gemma_dir }}"
+        memory_plan_kv_bytes_per_token: null
+        memory_plan_weight_bytes: null
     - name: Serve
       ansible.builtin.include_role:
         name: sparkops.appliance.serve
