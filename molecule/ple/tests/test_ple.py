@@ -111,10 +111,13 @@ def test_a_pack_killed_midway_leaves_no_file_and_a_rerun_succeeds(host):
         time.sleep(0.5)
         assert not host.file(dest).exists
         assert host.run("kill -0 %s" % pid).rc != 0
-        # the temp file is incomplete: the header is written last and is still zeros
+        # the temp file is left, never renamed: killed while writing, its header (written last) is
+        # still zeros; killed later, in the verification before the rename (seen once on a loaded
+        # machine), the header is there but the pack is still not at dest
         left = host.file(tmp)
         assert left.exists
-        assert host.check_output("head -c 8 %s | od -An -tx1 | tr -d ' \\n'" % tmp) == "00" * 8
+        header = host.check_output("head -c 8 %s | od -An -tx1 | tr -d ' \\n'" % tmp)
+        assert header in ("00" * 8, b"SPARKPLE".hex()), header
         # a rerun packs, removes the dead writer's temp file, and leaves only the pack
         rerun = host.ansible("sparkops.appliance.ple_pack",
                              "checkpoint_dir=%s dest=%s" % (big, dest), check=False)
