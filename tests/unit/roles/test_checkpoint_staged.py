@@ -42,7 +42,6 @@ def publish(root, revision):
     return m
 
 
-
 def revision_at(path):
     try:
         return json.load(open(os.path.join(path, ck.MANIFEST_NAME)))["revision"]

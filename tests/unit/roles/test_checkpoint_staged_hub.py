@@ -112,7 +112,6 @@ def snapshot_download(repo_id, revision, local_dir, allow_patterns=None, token=N
 '''
 
 
-
 def play(name, revision):
     return {"name": name, "hosts": HOST, "gather_facts": False, "vars": {"checkpoint_revision": revision},
             "tasks": [{"name": "the role", "ansible.builtin.include_role": {"name": "sparkops.appliance.checkpoint"}}]}

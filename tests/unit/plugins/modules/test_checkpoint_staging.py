@@ -65,7 +65,6 @@ def release_two(src):
     return publish(src, "r2")
 
 
-
 @pytest.fixture
 def server(tmp_path):
     """A Range-capable server over tmp_path/www, which holds the releases r1/ and r2/."""
