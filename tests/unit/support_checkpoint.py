@@ -10,6 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
 
 from range_http_server import make_server  # noqa: E402
+from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
 
 # Deliberately uneven sizes, one in a subdirectory, one empty.
 SHARDS = {
@@ -69,3 +70,11 @@ def snapshot(root):
             digest = hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.isfile(p) else None
             out[os.path.relpath(p, root)] = (digest, st.st_size, st.st_mtime_ns, st.st_ino)
     return out
+
+
+def publish(root, revision):
+    """Write the manifest of the checkpoint in root, as revision (what a release publishes)."""
+    m = ck.build_manifest(root, revision=revision)
+    with open(os.path.join(root, ck.MANIFEST_NAME), "w") as f:
+        f.write(ck.dump_manifest(m))
+    return m

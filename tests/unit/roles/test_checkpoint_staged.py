@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from support_checkpoint import SHARDS, snapshot, write_checkpoint  # noqa: E402
+from support_checkpoint import SHARDS, publish, snapshot, write_checkpoint  # noqa: E402
 from range_http_server import make_server  # noqa: E402  (support_checkpoint put it on sys.path)
 
 from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
@@ -33,13 +33,6 @@ HOST = "spark"
 SAME_SIZE = "model-00001-of-00002.safetensors"
 GROWS = "config.json"
 KEPT = ("model-00002-of-00002.safetensors", "tokenizer/tokenizer.json", "empty.txt")
-
-
-def publish(root, revision):
-    m = ck.build_manifest(root, revision=revision)
-    with open(os.path.join(root, ck.MANIFEST_NAME), "w") as f:
-        f.write(ck.dump_manifest(m))
-    return m
 
 
 def revision_at(path):

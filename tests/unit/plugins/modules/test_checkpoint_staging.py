@@ -20,7 +20,7 @@ import threading
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from support_checkpoint import SHARDS, snapshot, write_checkpoint  # noqa: E402
+from support_checkpoint import SHARDS, publish, snapshot, write_checkpoint  # noqa: E402
 from range_http_server import make_server  # noqa: E402  (support_checkpoint put it on sys.path)
 
 from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
@@ -42,13 +42,6 @@ def failed(mod, args, check=False):
     r = run_module(mod, args, check=check)
     assert r.get("failed"), r
     return r["msg"]
-
-
-def publish(root, revision):
-    m = ck.build_manifest(root, revision=revision)
-    with open(os.path.join(root, ck.MANIFEST_NAME), "w") as f:
-        f.write(ck.dump_manifest(m))
-    return m
 
 
 def release_two(src):
