@@ -129,6 +129,9 @@ def test_check_mode_on_the_converged_spark_changes_nothing(host):
     assert recap and recap.group(1) == "0", out[-4000:]
     assert owned_files_digest(host) == before
     assert _unit(host, UNIT, "InvocationID")["InvocationID"] == invocation   # not restarted
+    # the first play's forecast of what this run restarts (roles/preflight/tasks/restarts.yml) renders
+    # the unit and env as the serve play would: on the converged Spark, nothing
+    assert "site.yml restarts the server serving now" not in out, out[-4000:]
 
 
 def test_y_one_changed_flag_runs_the_parser_again_and_the_next_run_skips_it(host):
@@ -141,6 +144,8 @@ def test_y_one_changed_flag_runs_the_parser_again_and_the_next_run_skips_it(host
     changed = _site("-e", '{"serve_max_num_seqs": 7}')
     out = changed.stdout + changed.stderr
     assert changed.returncode == 0, out[-4000:]
+    # one server: said, not refused, before any phase ran
+    assert "site.yml restarts the server serving now on %s (its unit or environment changes)" % host.backend.get_hostname() in out, out[-4000:]
     assert _parser_result(out) == "ok", out[-4000:]
     memo = json.loads(_memo(host)[0])
     assert memo["args"][memo["args"].index("--max-num-seqs") + 1] == "7"
@@ -152,6 +157,7 @@ def test_y_one_changed_flag_runs_the_parser_again_and_the_next_run_skips_it(host
     again = _site("-e", '{"serve_max_num_seqs": 7}')
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-4000:]
+    assert "site.yml restarts the server serving now" not in out, out[-4000:]
     assert _parser_result(out) == "skipping", out[-4000:]
     assert _memo(host) == remembered
     assert host.service(UNIT).is_running

@@ -10,6 +10,7 @@ all three, throughout (its log is kept under the scenario's ephemeral directory 
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -323,19 +324,57 @@ def test_a_failure_in_a_batch_of_two_puts_that_host_back_and_halts(lb_dir):
     assert summary["max_down_at_once"] <= 2, summary
 
 
-def test_a_converge_that_would_restart_every_serving_host_stops_and_names_rollout():
-    """site.yml's serve phase (the serve role, serve_refuse_fleet_restart) on a serving fleet."""
-    before = dict((h, sh(h, "sha256sum %s; stat -c %%Y %s" % (UNIT_FILE, UNIT_FILE)).stdout) for h in HOSTS)
+SITE = os.path.join(PROJECT, "playbooks", "site.yml")
+
+
+def site_refusal(name, extra):
+    """playbooks/site.yml on the serving fleet with extra vars; the images of the scenario's repository
+    before and after, and each host's unit (digest and mtime) before and after."""
+    def images():
+        return docker("images", "-q", "--no-trunc", "sparkops/molecule-rollout-runtime").stdout.split()
+
+    def units():
+        return dict((h, sh(h, "sha256sum %s; stat -c %%Y %s" % (UNIT_FILE, UNIT_FILE)).stdout) for h in HOSTS)
+
+    before = (images(), units())
     env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
-    proc = subprocess.run(["ansible-playbook", "-i", inventory(), os.path.join(SCENARIO, "converge.yml"),
-                           "-e", json.dumps({"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "site"}})],
+    proc = subprocess.run(["ansible-playbook", "-i", inventory(), SITE, "-e", json.dumps(extra)],
                           capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
     out = proc.stdout + proc.stderr
-    with open(evidence("site-refusal-ansible.log"), "w") as handle:
+    with open(evidence(name + "-ansible.log"), "w") as handle:
         handle.write(out)
+    return proc, out, before, (images(), units())
+
+
+def test_site_yml_that_would_restart_every_serving_host_stops_in_its_first_play_and_names_rollout():
+    """site.yml (every phase) on the serving fleet, with a new runtime image recipe: its first play
+    forecasts the restart of all three servers and stops before any phase runs: no image built, no
+    unit written. Before, the refusal came in the serve play, after the image play had built the new
+    image on every host (and, on a real fleet, after Docker and Ray had restarted)."""
+    proc, out, before, after = site_refusal("site-refusal", {"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "site"}})
     assert proc.returncode != 0, out[-4000:]
-    assert "would restart the servers serving now on 3 hosts" in out and "playbooks/rollout.yml" in out, out[-4000:]
-    assert dict((h, sh(h, "sha256sum %s; stat -c %%Y %s" % (UNIT_FILE, UNIT_FILE)).stdout) for h in HOSTS) == before
+    assert "site.yml would restart the servers serving now on 3 hosts at once" in out and "playbooks/rollout.yml" in out, out[-4000:]
+    for host in HOSTS:
+        assert re.search(r"%s \(its unit or environment changes \(the runtime image "
+                         r"sparkops/molecule-rollout-runtime:\w+ is built by this run\)\)" % re.escape(host), out), out[-4000:]
+    assert "PLAY [Host tuning" not in out, out[-4000:]
+    assert after == before
+
+
+def test_site_yml_counts_each_hosts_own_reason_and_leaves_a_host_without_one_out():
+    """One host with a new image, one with a changed vLLM setting (its stop grace), one with nothing:
+    two servers would restart, for different reasons; the third is not named."""
+    first, second, third = HOSTS
+    extra = {"runtime_image_env": "{{ {'SPARKOPS_LAB_ROLLOUT': 'site'} if inventory_hostname == '%s' else {} }}" % first,
+             "serve_stop_grace_s": "{{ 11 if inventory_hostname == '%s' else 10 }}" % second}
+    proc, out, before, after = site_refusal("site-refusal-mixed", extra)
+    assert proc.returncode != 0, out[-4000:]
+    assert "site.yml would restart the servers serving now on 2 hosts at once" in out, out[-4000:]
+    assert re.search(r"%s \(its unit or environment changes \(the runtime image [^)]* is built by this run\)\)"
+                     % re.escape(first), out), out[-4000:]
+    assert "%s (its unit or environment changes)" % second in out, out[-4000:]
+    assert "%s (" % third not in out, out[-4000:]
+    assert after == before
 
 
 ROLLOUT_STATE = "/etc/sparkops/sparkops-serve.rollout.json"

@@ -74,7 +74,10 @@ def fixture_run(tmp_path_factory):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     hosts, before = {}, {}
-    for name, extra in (("single", {}), ("head-no-fact", {"cluster_role": "head", "cluster_name": "p"}), ("drained", {})):
+    # fleet-a and fleet-b: two serving hosts of the batch whose change restarts them, the refusal on
+    # (the serve role's own, for a playbook other than site.yml, whose first play refuses earlier)
+    for name, extra in (("single", {}), ("head-no-fact", {"cluster_role": "head", "cluster_name": "p"}), ("drained", {}),
+                        ("fleet-a", {"serve_refuse_fleet_restart": True}), ("fleet-b", {"serve_refuse_fleet_restart": True})):
         case = base / name
         (case / "etc").mkdir(parents=True)
         (case / "systemd").mkdir()
@@ -91,7 +94,7 @@ def fixture_run(tmp_path_factory):
             "serve_state_dir": str(case / "state"), "serve_cache_dir": str(case / "cache"),
             "serve_report_path": str(case / "report" / "plan-vs-actual.json"),
             "serve_jemalloc": False, "serve_ple_file": "", "serve_bind_host": "127.0.0.1",
-            # two cases restart a serving server: the fleet refusal (its own tests) is not the subject here
+            # the cases restart a serving server: the fleet refusal is the subject of fleet-a and fleet-b only
             "serve_refuse_fleet_restart": False,
         }, **extra)
     (base / "play.yml").write_text(yaml.safe_dump(PLAY, sort_keys=False))
@@ -119,9 +122,9 @@ def test_prepare_parses_keeps_the_previous_files_and_restarts_nothing(run):
         assert after[path] == run["before"]["single"][path], path
     assert (case / "etc" / "sparkops-serve.env.previous").read_text() == OLD_ENV
     assert (case / "etc" / "sparkops-serve.service.previous").read_text() == OLD_UNIT
-    # the image's vLLM parsed the line (once per host that got that far: single and drained), and
+    # the image's vLLM parsed the line (once per host that got that far: single, drained, fleet-a, fleet-b), and
     # systemd was only asked
-    assert len(run["logs"]["docker"]) == 2 and all(line.startswith(
+    assert len(run["logs"]["docker"]) == 4 and all(line.startswith(
         "run --rm -i --network none --entrypoint python3 %s - /model " % IMAGE) for line in run["logs"]["docker"]), run["logs"]["docker"]
     verbs = {line.split()[0] for line in run["logs"]["systemctl"]}
     assert verbs <= {"is-active", "show"} and "is-active" in verbs, run["logs"]["systemctl"]
@@ -144,3 +147,16 @@ def test_a_host_an_interrupted_rollout_left_drained_is_found_with_its_last_good_
     exported = json.loads((case / "spark_serve.json").read_text())
     assert exported["drained"] is True and exported["good"] == GOOD, exported
     assert exported["rollout_state_file"] == str(case / "etc" / "sparkops-serve.rollout.json")
+
+
+def test_several_serving_hosts_of_the_batch_that_would_restart_are_refused_before_any_write(run):
+    """The serve role's own fleet refusal (serve_refuse_fleet_restart): every restarting server of the
+    play's batch is counted, and the hosts that refuse keep their unit and env as they were."""
+    doc = run["doc"]
+    for name in ("fleet-a", "fleet-b"):
+        failed = [r.get("msg", "") for _p, _t, r in host_results(doc, name) if r.get("failed")]
+        assert len(failed) == 1 and "would restart the servers serving now on 4 hosts at once" in failed[0], failed
+        assert "fleet-a" in failed[0] and "fleet-b" in failed[0] and "playbooks/rollout.yml" in failed[0], failed
+        after = tree(run["base"] / name)
+        for path in ("etc/sparkops-serve.env", "systemd/sparkops-serve.service"):
+            assert after[path] == run["before"][name][path], (name, path)
