@@ -29,6 +29,7 @@ HEAVIEST_FIRST = [
     "roles/test_serve_liveness.py",
     "plugins/filter/test_memory_plan_properties.py",
     "roles/test_serve_prepare.py",
+    "roles/test_preflight_restarts.py",
     "roles/test_preflight_image_labels.py",
     "memwatch/test_memwatch_daemon.py",
     "memwatch/test_memwatch_docker_unknown.py",
