@@ -343,7 +343,8 @@ def site_refusal(name, extra):
     out = proc.stdout + proc.stderr
     with open(evidence(name + "-ansible.log"), "w") as handle:
         handle.write(out)
-    return proc, out, before, (images(), units())
+    # the YAML result format folds a long message over lines: compared with its whitespace as one space
+    return proc, " ".join(out.split()), before, (images(), units())
 
 
 def test_site_yml_that_would_restart_every_serving_host_stops_in_its_first_play_and_names_rollout():
@@ -499,3 +500,107 @@ def test_verify_band_check_fails_on_a_leaking_stand_in():
         band = json.load(handle)["load"]["band"]
     print("leak stand-in band: %s" % json.dumps(band))
     assert not band["ok"] and band["growth_gib"] > VERIFY_LAB["verify_band_gib"]
+
+
+CHECKPOINT_DIR = "/srv/sparkops/models/tiny-llama"   # serve_model_path = checkpoint_dir (spark_model_name)
+RELEASES = "/srv/lab-releases"
+RELEASE_PORT = 8089
+
+
+def completion_text(host):
+    status, body = request("http://%s:8000/v1/completions" % address(host),
+                           {"model": "tiny-llama", "prompt": "hello world", "max_tokens": 8, "temperature": 0})
+    assert status == 200, body
+    return json.loads(body)["choices"][0]["text"]
+
+
+def digest(host, path):
+    """sha256, inode and mtime of every file under path, one line each, sorted."""
+    return sh(host, "cd %s && find . -type f -printf '%%i %%T@ ' -exec sha256sum {} \\; | sort -k3" % path).stdout
+
+
+def ansible_module(host, module, args):
+    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
+    proc = subprocess.run(["ansible", "-i", inventory(), host, "-m", module, "-a", json.dumps(args)],
+                          capture_output=True, text=True, env=env, cwd=PROJECT, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def publish_releases(host):
+    """Two releases of the tiny model on an HTTP server inside the lab Spark (the checkpoint role's
+    Range-capable stand-in): r1, the bytes it serves; r2, the same but lm_head's rows in reverse
+    order (valid weights, other tokens), each with its publisher's manifest."""
+    reverse = ("import json, struct; p = '%s/r2/model.safetensors'; f = open(p, 'r+b'); "
+               "n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); a, b = h['lm_head.weight']['data_offsets']; "
+               "rows, cols = h['lm_head.weight']['shape']; f.seek(8 + n + a); d = f.read(b - a); w = len(d) // rows; "
+               "f.seek(8 + n + a); f.write(b''.join(d[i * w:(i + 1) * w] for i in reversed(range(rows)))); f.close()" % RELEASES)
+    assert sh(host, "rm -rf %s && mkdir -p %s/r1 && cp -a %s/. %s/r1/ && rm -f %s/r1/.sparkops-* && cp -a %s/r1 %s/r2 && python3 -c \"%s\""
+              % (RELEASES, RELEASES, CHECKPOINT_DIR, RELEASES, RELEASES, RELEASES, RELEASES, reverse)).returncode == 0
+    for revision in ("r1", "r2"):
+        ansible_module(host, "sparkops.appliance.checkpoint_verify",
+                       {"path": "%s/%s" % (RELEASES, revision), "create": True, "revision": revision})
+    src = os.path.join(PROJECT, "tests", "support", "range_http_server.py")
+    assert docker("cp", src, "%s:/usr/local/bin/range_http_server.py" % host).returncode == 0
+    sh(host, "systemctl stop lab-releases-http; systemctl reset-failed lab-releases-http")
+    assert sh(host, "systemd-run --unit=lab-releases-http python3 /usr/local/bin/range_http_server.py --root %s "
+                    "--bind 127.0.0.1 --port %d" % (RELEASES, RELEASE_PORT)).returncode == 0
+
+
+def release_vars(revision):
+    return {"checkpoint_source": "http", "checkpoint_allow_http": True,   # the stand-in inside the Spark has no TLS
+            "checkpoint_url": "http://127.0.0.1:%d/%s" % (RELEASE_PORT, revision), "checkpoint_revision": revision}
+
+
+def site_model_phase(host, name, extra):
+    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
+    proc = subprocess.run(["ansible-playbook", "-i", inventory(), SITE, "--limit", host, "--tags", "model", "-e", json.dumps(extra)],
+                          capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
+    out = proc.stdout + proc.stderr
+    with open(evidence(name + "-ansible.log"), "w") as handle:
+        handle.write(out)
+    assert proc.returncode == 0, out[-6000:]
+    return " ".join(out.split())   # the YAML result format folds a long message over lines
+
+
+def test_a_checkpoint_revision_is_staged_by_site_yml_and_served_only_after_the_rollout_switches_it(lb_dir):
+    """A serving host's checkpoint pinned at r1, then r2 published. site.yml fetches and verifies r2
+    beside the serving copy: checkpoint_dir is byte-, inode- and mtime-identical, and a restart of
+    the server before the switch still loads r1 (the same tokens as before). rollout.yml then drains
+    the host, switches r2 in, restarts onto it and gates it: other tokens, the served copy is r2 and
+    the old one is released. Before staging, r2 was fetched over the serving copy in place."""
+    host = HOSTS[0]
+    publish_releases(host)
+    site_model_phase(host, "checkpoint-r1", release_vars("r1"))   # the bytes served, now pinned at r1
+    assert json.loads(sh(host, "cat %s/.sparkops-manifest.json" % CHECKPOINT_DIR).stdout)["revision"] == "r1"
+    before_text, before_files = completion_text(host), digest(host, CHECKPOINT_DIR)
+
+    out = site_model_phase(host, "checkpoint-r2-staged", release_vars("r2"))
+    assert "Revision r2 staged beside %s, which serves revision r1 and was not changed" % CHECKPOINT_DIR in out, out[-4000:]
+    assert digest(host, CHECKPOINT_DIR) == before_files
+    assert json.loads(sh(host, "cat %s.staged/.sparkops-manifest.json" % CHECKPOINT_DIR).stdout)["revision"] == "r2"
+    # a restart before the switch (a crash, the recycle, memwatch would do the same) loads r1 again
+    invocation_before = invocation(host)
+    assert sh(host, "systemctl restart sparkops-serve.service").returncode == 0
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        try:
+            if request("http://%s:8000/health" % address(host), timeout=5)[0] == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(2)
+    assert invocation(host) != invocation_before
+    assert completion_text(host) == before_text
+    assert digest(host, CHECKPOINT_DIR) == before_files
+
+    proc, prober, _summary = rollout(lb_dir, "checkpoint-r2", release_vars("r2"), limit=host)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert json.loads(sh(host, "cat %s/.sparkops-manifest.json" % CHECKPOINT_DIR).stdout)["revision"] == "r2"
+    assert sh(host, "test -e %s.staged || test -e %s.previous" % (CHECKPOINT_DIR, CHECKPOINT_DIR)).returncode != 0
+    assert completion_text(host) != before_text
+    assert lb_state(lb_dir, host) == "in"
+    for record in prober.records:
+        if record["kind"] == "completion" and not record["ok"]:
+            assert record["host"] == host and record["lb_at_end"] == "out", record
