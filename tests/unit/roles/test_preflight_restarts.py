@@ -8,7 +8,6 @@ server whose files would not change, a server that does not serve, and a phase l
 --skip-tags are not counted. Before this entry point, the refusal came in the serve play, after
 Docker and Ray had restarted. One ansible-playbook start for the refusal, one for the --skip-tags
 run; the filter's own cases (a pair's worker) are in tests/unit/plugins/filter/test_fleet_restarts.py."""
-import json
 import os
 
 import pytest
