@@ -505,6 +505,8 @@ def test_verify_band_check_fails_on_a_leaking_stand_in():
 CHECKPOINT_DIR = "/srv/sparkops/models/tiny-llama"   # serve_model_path = checkpoint_dir (spark_model_name)
 RELEASES = "/srv/lab-releases"
 RELEASE_PORT = 8089
+R2_GROWTH = 4 << 20
+REPORT = "/var/lib/sparkops/serve/plan-vs-actual.json"
 
 
 def completion_text(host):
@@ -530,13 +532,15 @@ def ansible_module(host, module, args):
 def publish_releases(host):
     """Two releases of the tiny model on an HTTP server inside the lab Spark (the checkpoint role's
     Range-capable stand-in): r1, the bytes it serves; r2, the same but lm_head's rows in reverse
-    order (valid weights, other tokens), each with its publisher's manifest."""
+    order (valid weights, other tokens) and 4 MiB more (a file the memory plan counts with the
+    weights), each with its publisher's manifest."""
     reverse = ("import json, struct; p = '%s/r2/model.safetensors'; f = open(p, 'r+b'); "
                "n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); a, b = h['lm_head.weight']['data_offsets']; "
                "rows, cols = h['lm_head.weight']['shape']; f.seek(8 + n + a); d = f.read(b - a); w = len(d) // rows; "
                "f.seek(8 + n + a); f.write(b''.join(d[i * w:(i + 1) * w] for i in reversed(range(rows)))); f.close()" % RELEASES)
-    assert sh(host, "rm -rf %s && mkdir -p %s/r1 && cp -a %s/. %s/r1/ && rm -f %s/r1/.sparkops-* && cp -a %s/r1 %s/r2 && python3 -c \"%s\""
-              % (RELEASES, RELEASES, CHECKPOINT_DIR, RELEASES, RELEASES, RELEASES, RELEASES, reverse)).returncode == 0
+    assert sh(host, "rm -rf %s && mkdir -p %s/r1 && cp -a %s/. %s/r1/ && rm -f %s/r1/.sparkops-* && cp -a %s/r1 %s/r2 && python3 -c \"%s\" "
+              "&& head -c %d /dev/urandom > %s/r2/notes.bin"
+              % (RELEASES, RELEASES, CHECKPOINT_DIR, RELEASES, RELEASES, RELEASES, RELEASES, reverse, R2_GROWTH, RELEASES)).returncode == 0
     for revision in ("r1", "r2"):
         ansible_module(host, "sparkops.appliance.checkpoint_verify",
                        {"path": "%s/%s" % (RELEASES, revision), "create": True, "revision": revision})
@@ -567,13 +571,15 @@ def test_a_checkpoint_revision_is_staged_by_site_yml_and_served_only_after_the_r
     """A serving host's checkpoint pinned at r1, then r2 published. site.yml fetches and verifies r2
     beside the serving copy: checkpoint_dir is byte-, inode- and mtime-identical, and a restart of
     the server before the switch still loads r1 (the same tokens as before). rollout.yml then drains
-    the host, switches r2 in, restarts onto it and gates it: other tokens, the served copy is r2 and
-    the old one is released. Before staging, r2 was fetched over the serving copy in place."""
+    the host, switches r2 in, restarts onto it and gates it: other tokens, the served copy is r2, the
+    old one is released, and the plan served is r2's (measured from the staged copy before the
+    switch). Before staging, r2 was fetched over the serving copy in place."""
     host = HOSTS[0]
     publish_releases(host)
     site_model_phase(host, "checkpoint-r1", release_vars("r1"))   # the bytes served, now pinned at r1
     assert json.loads(sh(host, "cat %s/.sparkops-manifest.json" % CHECKPOINT_DIR).stdout)["revision"] == "r1"
     before_text, before_files = completion_text(host), digest(host, CHECKPOINT_DIR)
+    weights_r1 = json.loads(sh(host, "cat %s" % REPORT).stdout)["plan"]["inputs"]["weight_bytes"]
 
     out = site_model_phase(host, "checkpoint-r2-staged", release_vars("r2"))
     assert "Revision r2 staged beside %s, which serves revision r1 and was not changed" % CHECKPOINT_DIR in out, out[-4000:]
@@ -600,6 +606,8 @@ def test_a_checkpoint_revision_is_staged_by_site_yml_and_served_only_after_the_r
     assert json.loads(sh(host, "cat %s/.sparkops-manifest.json" % CHECKPOINT_DIR).stdout)["revision"] == "r2"
     assert sh(host, "test -e %s.staged || test -e %s.previous" % (CHECKPOINT_DIR, CHECKPOINT_DIR)).returncode != 0
     assert completion_text(host) != before_text
+    # the plan it serves was measured from r2 (the staged copy), not from the copy served before the switch
+    assert json.loads(sh(host, "cat %s" % REPORT).stdout)["plan"]["inputs"]["weight_bytes"] >= weights_r1 + R2_GROWTH
     assert lb_state(lb_dir, host) == "in"
     for record in prober.records:
         if record["kind"] == "completion" and not record["ok"]:

@@ -20,7 +20,7 @@ import harness
 
 ROLLOUT = os.path.join(harness.ROOT, "playbooks", "rollout.yml")
 HOSTS = ["r1", "r2", "r3"]
-STEPS = ["image", "checkpoint", "ray-prepare", "prepare", "drain", "stop-head", "switch", "ray-worker", "ray-head", "apply", "gate"]
+STEPS = ["image", "checkpoint", "plan", "ray-prepare", "prepare", "drain", "stop-head", "switch", "ray-worker", "ray-head", "apply", "gate"]
 
 
 def batch_play():
