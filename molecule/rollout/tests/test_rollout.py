@@ -327,9 +327,22 @@ def test_a_failure_in_a_batch_of_two_puts_that_host_back_and_halts(lb_dir):
 SITE = os.path.join(PROJECT, "playbooks", "site.yml")
 
 
+def site(name, extra, *args):
+    """playbooks/site.yml with extra vars (and more arguments); its output kept as evidence, and
+    returned with the whitespace of each run of it as one space (the YAML result format folds a long
+    message over lines)."""
+    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
+    proc = subprocess.run(["ansible-playbook", "-i", inventory(), SITE, "-e", json.dumps(extra)] + list(args),
+                          capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
+    out = proc.stdout + proc.stderr
+    with open(evidence(name + "-ansible.log"), "w") as handle:
+        handle.write(out)
+    return proc, " ".join(out.split())
+
+
 def site_refusal(name, extra):
-    """playbooks/site.yml on the serving fleet with extra vars; the images of the scenario's repository
-    before and after, and each host's unit (digest and mtime) before and after."""
+    """site() on the serving fleet; the images of the scenario's repository before and after, and each
+    host's unit (digest and mtime) before and after."""
     def images():
         return docker("images", "-q", "--no-trunc", "sparkops/molecule-rollout-runtime").stdout.split()
 
@@ -337,14 +350,8 @@ def site_refusal(name, extra):
         return dict((h, sh(h, "sha256sum %s; stat -c %%Y %s" % (UNIT_FILE, UNIT_FILE)).stdout) for h in HOSTS)
 
     before = (images(), units())
-    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
-    proc = subprocess.run(["ansible-playbook", "-i", inventory(), SITE, "-e", json.dumps(extra)],
-                          capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
-    out = proc.stdout + proc.stderr
-    with open(evidence(name + "-ansible.log"), "w") as handle:
-        handle.write(out)
-    # the YAML result format folds a long message over lines: compared with its whitespace as one space
-    return proc, " ".join(out.split()), before, (images(), units())
+    proc, out = site(name, extra)
+    return proc, out, before, (images(), units())
 
 
 def test_site_yml_that_would_restart_every_serving_host_stops_in_its_first_play_and_names_rollout():
@@ -566,14 +573,9 @@ def release_vars(revision):
 
 
 def site_model_phase(host, name, extra):
-    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
-    proc = subprocess.run(["ansible-playbook", "-i", inventory(), SITE, "--limit", host, "--tags", "model", "-e", json.dumps(extra)],
-                          capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
-    out = proc.stdout + proc.stderr
-    with open(evidence(name + "-ansible.log"), "w") as handle:
-        handle.write(out)
+    proc, out = site(name, extra, "--limit", host, "--tags", "model")
     assert proc.returncode == 0, out[-6000:]
-    return " ".join(out.split())   # the YAML result format folds a long message over lines
+    return out
 
 
 def test_a_checkpoint_revision_is_staged_by_site_yml_and_served_only_after_the_rollout_switches_it(lb_dir):
