@@ -45,6 +45,8 @@ options:
     description:
       - The revision the checkpoint must be at. Written into a manifest this module creates; when
         set, a manifest naming another revision fails the verification.
+      - An existing manifest that names no revision is accepted at this one, and the full verification
+        records it in the manifest (I(revision_recorded)); the quick check only reads.
     type: str
   expected:
     description:
@@ -150,6 +152,10 @@ revision:
   description: The revision the directory's manifest names (null when it names none or there is no manifest).
   returned: always
   type: str
+revision_recorded:
+  description: Whether the verification wrote I(revision) into a manifest that named none.
+  returned: when the copy was verified
+  type: bool
 manifest_found:
   description: Whether the directory holds a manifest (a copy accepted once, complete or since changed).
   returned: always
@@ -266,13 +272,23 @@ def run(module):
     fp_after = fingerprint(root, manifest)
     if fp_after != fp_now:
         module.fail_json(msg="files under %s changed while they were verified; run again" % root, **result)
-    result["changed"] = fp_text != fp_before or result["manifest_created"]
+    # A manifest that names no revision (a source that publishes none, a copy fetched before
+    # checkpoint_revision was pinned) records the one this copy is accepted at, so that a later run can
+    # tell a new revision from it (the role stages a copy whose revision it cannot tell).
+    stamped = bool(p["revision"]) and not manifest.get("revision") and not result["manifest_created"]
+    if stamped:
+        manifest["revision"] = p["revision"]
+        manifest_text = dump_manifest(manifest)
+        fp_text = dump_fingerprint(fingerprint(root, manifest))
+        result["revision"] = p["revision"]
+    result["revision_recorded"] = stamped
+    result["changed"] = fp_text != fp_before or result["manifest_created"] or stamped
     result["diff"] = {
         "before": {"manifest": manifest_before, "fingerprint": fp_before},
         "after": {"manifest": manifest_text, "fingerprint": fp_text},
     }
     if result["changed"] and not module.check_mode:
-        if result["manifest_created"]:
+        if result["manifest_created"] or stamped:
             write_text(module, manifest_path, manifest_text)
         write_text(module, fp_path, fp_text)
     return result

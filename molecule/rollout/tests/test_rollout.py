@@ -587,9 +587,9 @@ def test_a_checkpoint_revision_is_staged_by_site_yml_and_served_only_after_the_r
     switch). Before staging, r2 was fetched over the serving copy in place."""
     host = HOSTS[0]
     publish_releases(host)
-    # Earlier rollouts recorded the copy from the lab's path source, with no revision: such a
-    # verified copy is kept as it is whatever revision is pinned (docs/checkpoint.md). A host pinned
-    # at r1 from its first fetch is the case here: the record goes, the bytes stay (r1 refetches none).
+    # Earlier runs recorded the copy from the lab's path source at the example's pin: pinning r1 now
+    # would stage r1 beside it (docs/checkpoint.md). A host pinned at r1 from its first fetch is the
+    # case here: the record goes, the bytes stay (r1 refetches none).
     assert sh(host, "rm -f %s/.sparkops-manifest.json %s/.sparkops-fingerprint.json" % (CHECKPOINT_DIR, CHECKPOINT_DIR)).returncode == 0
     site_model_phase(host, "checkpoint-r1", release_vars("r1"))   # the bytes served, now pinned at r1
     assert json.loads(sh(host, "cat %s/.sparkops-manifest.json" % CHECKPOINT_DIR).stdout)["revision"] == "r1"

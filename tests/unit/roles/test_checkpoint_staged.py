@@ -215,3 +215,78 @@ def test_a_switch_cut_between_its_renames_is_refused_by_site_and_finished_by_swi
     assert world["layout_d"] == {"dir": "r2", "staged": None, "previous": None}
     assert world["final_intact"]
     assert world["left"] == ["m"]
+
+
+def pinned_play(name, d, revision, release):
+    """The role on checkpoint_dir d, pinned at revision ("" for none), fetching the release's directory."""
+    include = {"ansible.builtin.include_role": {"name": "sparkops.appliance.checkpoint"}}
+    return {"name": name, "hosts": HOST, "gather_facts": False,
+            "vars": {"checkpoint_revision": revision, "checkpoint_url": "{{ base }}/" + release, "checkpoint_dir": d},
+            "tasks": [dict(include, name="the role")]}
+
+
+@pytest.fixture(scope="module")
+def unrecorded(tmp_path_factory):
+    """A copy that records no revision: fetched before checkpoint_revision was pinned (its release's
+    manifest names none), then pinned; and a fresh host pinned at a release that names none."""
+    tmp = tmp_path_factory.mktemp("ckpt-unrecorded")
+    www = tmp / "www"
+    plain = write_checkpoint(str(www / "plain"))
+    publish(plain, None)                     # a publisher that names no revision
+    shutil.copytree(plain, str(www / "r1"))
+    publish(str(www / "r1"), "r1")           # the same bytes, released as r1
+    server = make_server(str(www))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    inventory = batch_inventory(tmp, {HOST: {
+        "base": "http://127.0.0.1:%d" % server.server_address[1],
+        "checkpoint_source": "http", "checkpoint_allow_http": True,  # the local stand-in has no TLS
+        "checkpoint_progress_file": str(tmp / "progress.json"),
+        "checkpoint_ple_pack_gib": 0, "checkpoint_min_free_margin_gib": 0,
+        "checkpoint_progress_interval_s": 1, "checkpoint_fetch_timeout_s": 120}})
+    old, fresh = str(tmp / "models" / "old"), str(tmp / "models" / "fresh")
+    w = {"old": old, "fresh": fresh}
+    w["before"] = run(tmp, "before", [pinned_play("unpinned", old, "", "plain")], inventory)[1]["unpinned"]
+    w["layout_before"], w["after_before"] = layout(old), snapshot(old)
+    server.state.reset()
+    steps = run(tmp, "pin", [pinned_play("pinned", old, "r1", "r1"), pinned_play("pinned again", old, "r1", "r1"),
+                             pinned_play("fresh", fresh, "r1", "plain"),
+                             pinned_play("fresh again", fresh, "r1", "plain")], inventory)[1]
+    w.update(steps)
+    w["fetched"] = sorted(k for k in server.state.bytes if not k.endswith(ck.MANIFEST_NAME))
+    w["layout_old"], w["after_pin"], w["layout_fresh"] = layout(old), snapshot(old), layout(fresh)
+    w["staged_intact"] = ck.intact(old + ".staged", "r1")
+    server.shutdown()
+    server.server_close()
+    return w
+
+
+def test_a_copy_that_records_no_revision_is_staged_against_when_a_revision_is_pinned(unrecorded):
+    """Before: such a verified copy was kept whatever revision was pinned, and a rollout never
+    switched the host to the pinned bytes. Now the pinned revision is staged beside it (every file of
+    the same sha256 hard-linked), the served copy untouched, once."""
+    w = unrecorded
+    assert failures(w["before"]) == [] and w["layout_before"] == {"dir": None, "staged": None, "previous": None}
+    pinned = w["pinned"]
+    assert failures(pinned) == []
+    assert w["after_pin"] == w["after_before"]
+    assert w["layout_old"] == {"dir": None, "staged": "r1", "previous": None} and w["staged_intact"]
+    facts = result_of(pinned, "Checkpoint | export the checkpoint's size for the memory plan")["ansible_facts"]
+    assert facts["spark_checkpoint_staged"] is True and facts["spark_checkpoint_staged_dir"] == w["old"] + ".staged"
+    msg = " ".join(result_of(pinned, "Checkpoint | report")["msg"].split())
+    assert "Revision r1 staged beside %s, which serves a copy that records no revision" % w["old"] in msg
+    again = w["pinned again"]
+    assert failures(again) == [] and changed(again) == []
+
+
+def test_a_copy_verified_at_a_pinned_revision_records_it_and_is_not_staged_again(unrecorded):
+    """A release that names no revision, fetched with a pin: the copy records the pin, so the next
+    run finds it at that revision (no staging, nothing changed), and no file moved over the wire for
+    either host but the fresh host's first fetch."""
+    w = unrecorded
+    assert failures(w["fresh"]) == [] and w["layout_fresh"] == {"dir": "r1", "staged": None, "previous": None}
+    facts = result_of(w["fresh"], "Checkpoint | export the checkpoint's size for the memory plan")["ansible_facts"]
+    assert facts["spark_checkpoint_staged"] is False and facts["spark_checkpoint_fetched"] is True
+    again = w["fresh again"]
+    assert failures(again) == [] and changed(again) == []
+    assert w["fetched"] == sorted("plain/" + k for k, size in SHARDS.items() if size)   # an empty file is made, not fetched

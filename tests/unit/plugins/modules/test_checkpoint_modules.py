@@ -226,6 +226,30 @@ def test_verify_without_manifest_and_wrong_revision(src_dir):
     assert not ok(checkpoint_verify, {"path": src_dir, "revision": "r2", "quick": True})["verified"]
 
 
+def test_verify_records_the_pinned_revision_in_a_manifest_that_names_none(src_dir):
+    """A copy published (or fetched) without a revision is accepted at the pinned one, and the full
+    verification writes it into the manifest, so that a later run can tell a new revision from it;
+    the quick check only reads, and a copy that records it is no longer taken for another one."""
+    m = ck.build_manifest(src_dir, revision=None)
+    with open(os.path.join(src_dir, ck.MANIFEST_NAME), "w") as f:
+        f.write(ck.dump_manifest(m))
+    ok(checkpoint_verify, {"path": src_dir})
+    q = ok(checkpoint_verify, {"path": src_dir, "revision": "r5", "quick": True})
+    assert q["verified"] and q["revision"] is None and not q["changed"]
+    check = ok(checkpoint_verify, {"path": src_dir, "revision": "r5"}, check=True)
+    assert check["changed"] and check["revision_recorded"]
+    assert json.load(open(os.path.join(src_dir, ck.MANIFEST_NAME)))["revision"] is None  # check mode wrote nothing
+    real = ok(checkpoint_verify, {"path": src_dir, "revision": "r5"})
+    assert real["changed"] and real["revision_recorded"] and real["revision"] == "r5" and not real["hashed"]
+    written = json.load(open(os.path.join(src_dir, ck.MANIFEST_NAME)))
+    assert written["revision"] == "r5" and written["files"] == m["files"]
+    again = ok(checkpoint_verify, {"path": src_dir, "revision": "r5"})
+    assert not again["changed"] and not again["revision_recorded"] and not again["hashed"]
+    assert ok(checkpoint_verify, {"path": src_dir, "revision": "r5", "quick": True})["verified"]
+    assert ck.intact(src_dir, "r5") and not ck.intact(src_dir, "r6")
+    assert not ok(checkpoint_verify, {"path": src_dir, "revision": "r6", "quick": True})["verified"]
+
+
 def test_fetch_through_ansible_cli(src_dir, http_server, tmp_path):
     """The modules run through ansible itself (module_utils shipped with the module): fetch,
     verify, verify again, as three tasks of one ansible-playbook run."""
