@@ -20,7 +20,8 @@ import harness
 
 ROLLOUT = os.path.join(harness.ROOT, "playbooks", "rollout.yml")
 HOSTS = ["r1", "r2", "r3"]
-STEPS = ["image", "checkpoint", "plan", "ray-prepare", "prepare", "drain", "stop-head", "switch", "ray-worker", "ray-head", "apply", "gate"]
+STEPS = ["image", "checkpoint", "ple", "ple-staged", "plan", "ray-prepare", "prepare", "drain", "stop-head", "switch",
+         "ple-switched", "ray-worker", "ray-head", "apply", "gate"]
 
 
 def batch_play():
@@ -124,7 +125,8 @@ def pair_stand_in(tmp_path, fail_on):
     block["rescue"] = [stand_in_task(single_rescue, "single-rescue", "rescue.yml"), note]
     # the pair's rollback: every task that acts on a host a stand-in; the worker's message (a set_fact) as it is
     acts = [task for task in pair["block"] if "ansible.builtin.set_fact" not in task]
-    names = ["pair-stop-head", "pair-switch-back", "pair-ray-worker", "pair-ray-head", "pair-rescue"]
+    # pair-ple runs only where the switch back changed something (not here: nothing was switched)
+    names = ["pair-stop-head", "pair-switch-back", "pair-ple", "pair-ray-worker", "pair-ray-head", "pair-rescue"]
     assert len(acts) == len(names), [task["name"] for task in pair["block"]]
     pair = dict(pair, block=[stand_in_task(task, step, "pair_rescue.yml" if step == "pair-rescue" else "step.yml")
                              for task, step in zip(acts, names)]
