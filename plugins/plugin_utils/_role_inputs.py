@@ -342,6 +342,7 @@ PATTERNS = {
                  'host, private, shareable, none or container:NAME'),
     'served_model_name': (r'[A-Za-z0-9][A-Za-z0-9._/:-]*', 'a model id (letters, digits, . _ / : -)'),
     'word': (r'[a-z0-9_]+', 'one lower-case word (letters, digits, _)'),
+    'unix_user': (r'[a-z_][a-z0-9_-]{0,31}', 'a user name (lower-case letters, digits, _ -; at most 32)'),
     'inventory_group': (r'[A-Za-z_][A-Za-z0-9_]*', 'an inventory group name (letters, digits, _; not starting with a digit)'),
     'alloc_conf': (r'[A-Za-z0-9_:,.]*', 'a PYTORCH_CUDA_ALLOC_CONF value such as expandable_segments:True'),
     'calendar': (r'[A-Za-z0-9*:.,/~+ -]+', 'a systemd calendar expression such as "*-*-* 04:00:00" or "daily"'),
