@@ -36,6 +36,7 @@ from harness import ansible_env, batch_inventory, host_results, play_json  # noq
 
 HOST, PEER = "spark-b", "spark-a"
 USER = "sparkops-peer-t%d" % (os.getpid() % 100000)   # made by the role on this machine, removed at the end
+NOT_OURS = "sparkops-other-t%d" % (os.getpid() % 100000)   # a user of that kind of name the role did not make
 CHANGED = "model-00001-of-00002.safetensors"   # r2 changes it at the same size
 
 SSH_STANDIN = r"""#!%(python)s
@@ -139,7 +140,7 @@ def world(tmp_path_factory):
         "checkpoint_peer_host_key_file": str(host_key) + ".pub"}
     inventory = batch_inventory(tmp, {PEER: {}, HOST: dict(peer_vars, checkpoint_dir=d),
                                       "spark-c": dict(peer_vars, checkpoint_dir=str(tmp / "c" / "m"),
-                                                      checkpoint_peer_user="sparkops-not-ours-t")})
+                                                      checkpoint_peer_user=NOT_OURS)})
 
     def run(name, plays):
         path = tmp / (name + ".yml")
@@ -184,11 +185,11 @@ def world(tmp_path_factory):
             "%s@127.0.0.1:m/" % USER], env=env, capture_output=True, text=True, check=False)
         w["peer_after_push"] = snapshot(peer_dir)
         # a user of that name that sparkops did not make
-        subprocess.run(["useradd", "--system", "--comment", "someone else", "--no-create-home", "sparkops-not-ours-t"], check=True)
+        subprocess.run(["useradd", "--system", "--comment", "someone else", "--no-create-home", NOT_OURS], check=True)
         w["not_ours"] = run("not-ours", [dict(peer_play("not ours", "r2"), hosts="spark-c")])
         w["not_ours_dir"] = os.path.exists(str(tmp / "c" / "m"))
     finally:
-        for user in (USER, "sparkops-not-ours-t"):
+        for user in (USER, NOT_OURS):
             subprocess.run(["userdel", user], capture_output=True, check=False)
         shutil.rmtree(share, ignore_errors=True)
     return w
@@ -236,7 +237,7 @@ def test_a_user_of_that_name_that_is_not_ours_is_refused_before_anything_changes
     failed = failures(steps)
     assert [t for t, _m in failed] == ["Checkpoint | refuse a user on the peer that is not ours"], failed
     msg = " ".join(failed[0][1].split())
-    for words in ('checkpoint_peer_user is "sparkops-not-ours-t"', '"someone else"', "Nothing was changed",
+    for words in ('checkpoint_peer_user is "%s"' % NOT_OURS, '"someone else"', "Nothing was changed",
                   "checkpoint_peer_manage_trust: false"):
         assert words in msg, msg
     assert not world["not_ours_dir"]
