@@ -136,7 +136,8 @@ def world(tmp_path_factory):
         "checkpoint_peer_dir": peer_dir, "checkpoint_progress_file": str(tmp / "progress.json"),
         "checkpoint_ple_pack_gib": 0, "checkpoint_min_free_margin_gib": 0,
         "checkpoint_peer_user": USER, "checkpoint_peer_home": os.path.join(share, "home"),
-        "checkpoint_peer_key_file": str(tmp / "peer.key"), "checkpoint_peer_known_hosts": str(tmp / "known_hosts"),
+        "checkpoint_peer_key_file": str(tmp / "etc" / "peer.key"),   # a folder the role makes, as /etc/sparkops
+        "checkpoint_peer_known_hosts": str(tmp / "known_hosts"),
         "checkpoint_peer_host_key_file": str(host_key) + ".pub"}
     inventory = batch_inventory(tmp, {PEER: {}, HOST: dict(peer_vars, checkpoint_dir=d),
                                       "spark-c": dict(peer_vars, checkpoint_dir=str(tmp / "c" / "m"),
@@ -148,7 +149,7 @@ def world(tmp_path_factory):
         return steps_of(play_json(path, inventory=inventory, env=env))
 
     def ssh(*words):
-        return subprocess.run(["ssh", "-i", str(tmp / "peer.key"), "-o", "UserKnownHostsFile=%s" % (tmp / "known_hosts"),
+        return subprocess.run(["ssh", "-i", str(tmp / "etc" / "peer.key"), "-o", "UserKnownHostsFile=%s" % (tmp / "known_hosts"),
                                "-o", "StrictHostKeyChecking=yes", "%s@127.0.0.1" % USER] + list(words),
                               env=env, capture_output=True, text=True, check=False)
 
@@ -181,7 +182,7 @@ def world(tmp_path_factory):
         w["shell"] = ssh("cat", "/etc/hostname")
         w["peer_before_push"] = snapshot(peer_dir)
         w["push"] = subprocess.run(["rsync", "-e", "ssh -i %s -o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes" % (
-            tmp / "peer.key", tmp / "known_hosts"), str(tmp / "progress.json") if (tmp / "progress.json").exists() else "/etc/hostname",
+            tmp / "etc" / "peer.key", tmp / "known_hosts"), str(tmp / "progress.json") if (tmp / "progress.json").exists() else "/etc/hostname",
             "%s@127.0.0.1:m/" % USER], env=env, capture_output=True, text=True, check=False)
         w["peer_after_push"] = snapshot(peer_dir)
         # a user of that name that sparkops did not make
