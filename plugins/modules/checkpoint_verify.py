@@ -173,8 +173,8 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.appliance.plugins.module_utils._checkpoint import (
     CheckpointError, FINGERPRINT_NAME, MANIFEST_NAME, auto_workers, build_checked_manifest, build_manifest,
-    compare_with_expected, describe_problems, dump_fingerprint, dump_manifest, fingerprint, list_files, parse_manifest,
-    read_text, total_bytes, validate_expected, verify_tree)
+    compare_with_expected, describe_problems, dump_fingerprint, dump_manifest, fingerprint, list_files, manifest_digest,
+    parse_manifest, read_text, total_bytes, validate_expected, verify_tree)
 from ansible_collections.sparkops.appliance.plugins.module_utils._files import write_text
 
 
@@ -279,7 +279,7 @@ def run(module):
     if stamped:
         manifest["revision"] = p["revision"]
         manifest_text = dump_manifest(manifest)
-        fp_text = dump_fingerprint(fingerprint(root, manifest))
+        fp_text = dump_fingerprint(dict(fp_after, manifest_sha256=manifest_digest(manifest)))  # the files as just read
         result["revision"] = p["revision"]
     result["revision_recorded"] = stamped
     result["changed"] = fp_text != fp_before or result["manifest_created"] or stamped

@@ -10,6 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
 
 from range_http_server import make_server  # noqa: E402
+from harness import host_results  # noqa: E402
 from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
 
 # Deliberately uneven sizes, one in a subdirectory, one empty.
@@ -78,3 +79,34 @@ def publish(root, revision):
     with open(os.path.join(root, ck.MANIFEST_NAME), "w") as f:
         f.write(ck.dump_manifest(m))
     return m
+
+
+# --- the role's results, per play (the role tests run one play a step, each on one host) ----------
+
+def steps_by_play(doc, *hosts):
+    """{play name: [(task name without its role prefix, result)]} of the hosts in a JSON-callback document."""
+    steps = {}
+    for host in hosts:
+        for play, task, result in host_results(doc, host):
+            steps.setdefault(play, []).append((task.split(" : ", 1)[-1], result))
+    return steps
+
+
+def changed(steps):
+    return [t for t, r in steps if r.get("changed")]
+
+
+def failures(steps):
+    return [(t, r.get("msg")) for t, r in steps if r.get("failed") and not r.get("ignored")]
+
+
+def result_of(steps, name):
+    found = [r for t, r in steps if t == name]
+    assert found, "no task %r in %s" % (name, [t for t, _r in steps])
+    return found[-1]
+
+
+def revision_at(path):
+    """The revision the manifest in path names (None: none named, or no manifest there)."""
+    manifest = ck.read_manifest_at(path) if os.path.isdir(path) else None
+    return manifest and manifest.get("revision")

@@ -29,10 +29,11 @@ import pytest
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from support_checkpoint import SHARDS, publish, snapshot, write_checkpoint  # noqa: E402
+from support_checkpoint import (  # noqa: E402
+    SHARDS, changed, failures, publish, result_of, revision_at, snapshot, steps_by_play, write_checkpoint)
 
 from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
-from harness import ansible_env, batch_inventory, host_results, play_json  # noqa: E402
+from harness import ansible_env, batch_inventory, play_json  # noqa: E402
 
 HOST, PEER = "spark-b", "spark-a"
 USER = "sparkops-peer-t%d" % (os.getpid() % 100000)   # made by the role on this machine, removed at the end
@@ -86,32 +87,6 @@ def peer_play(name, revision):
             "vars": {"checkpoint_revision": revision}, "tasks": [dict(include, name="the role")]}
 
 
-def steps_of(doc, host=HOST):
-    steps = {}
-    for play, task, result in host_results(doc, host) + host_results(doc, "spark-c"):
-        steps.setdefault(play, []).append((task.split(" : ", 1)[-1], result))
-    return steps
-
-
-def result_of(steps, name):
-    found = [r for t, r in steps if t == name]
-    assert found, "no task %r in %s" % (name, [t for t, _r in steps])
-    return found[-1]
-
-
-def failures(steps):
-    return [(t, r.get("msg")) for t, r in steps if r.get("failed") and not r.get("ignored")]
-
-
-def changed(steps):
-    return [t for t, r in steps if r.get("changed")]
-
-
-def revision_at(path):
-    m = ck.read_manifest_at(path) if os.path.isdir(path) else None
-    return m and m.get("revision")
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     if shutil.which("rsync") is None or not os.path.exists("/usr/bin/rrsync"):
@@ -146,7 +121,7 @@ def world(tmp_path_factory):
     def run(name, plays):
         path = tmp / (name + ".yml")
         path.write_text(yaml.safe_dump(plays))
-        return steps_of(play_json(path, inventory=inventory, env=env))
+        return steps_by_play(play_json(path, inventory=inventory, env=env), HOST, "spark-c")
 
     def ssh(*words):
         return subprocess.run(["ssh", "-i", str(tmp / "etc" / "peer.key"), "-o", "UserKnownHostsFile=%s" % (tmp / "known_hosts"),

@@ -13,7 +13,6 @@ the local host against a real Range-capable HTTP server on 127.0.0.1 that serves
 
 Four ansible-playbook starts, each of several plays (one play a step, so that what each step
 changed is counted on its own)."""
-import json
 import os
 import shutil
 import sys
@@ -23,23 +22,17 @@ import pytest
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from support_checkpoint import SHARDS, publish, snapshot, write_checkpoint  # noqa: E402
+from support_checkpoint import (  # noqa: E402
+    SHARDS, changed, failures, publish, result_of, revision_at, snapshot, steps_by_play, write_checkpoint)
 from range_http_server import make_server  # noqa: E402  (support_checkpoint put it on sys.path)
 
 from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck  # noqa: E402
-from harness import batch_inventory, host_results, play_json  # noqa: E402
+from harness import batch_inventory, play_json  # noqa: E402
 
 HOST = "spark"
 SAME_SIZE = "model-00001-of-00002.safetensors"
 GROWS = "config.json"
 KEPT = ("model-00002-of-00002.safetensors", "tokenizer/tokenizer.json", "empty.txt")
-
-
-def revision_at(path):
-    try:
-        return json.load(open(os.path.join(path, ck.MANIFEST_NAME)))["revision"]
-    except OSError:
-        return None
 
 
 def layout(d):
@@ -61,24 +54,7 @@ def run(tmp, name, plays, inventory):
     path = tmp / (name + ".yml")
     path.write_text(yaml.safe_dump(plays))
     doc = play_json(path, inventory=inventory)
-    steps = {}
-    for play, task, result in host_results(doc, HOST):
-        steps.setdefault(play, []).append((task.split(" : ", 1)[-1], result))
-    return doc, steps
-
-
-def changed(steps):
-    return [t for t, r in steps if r.get("changed")]
-
-
-def failures(steps):
-    return [(t, r.get("msg")) for t, r in steps if r.get("failed") and not r.get("ignored")]
-
-
-def result_of(steps, name):
-    found = [r for t, r in steps if t == name]
-    assert found, "no task %r in %s" % (name, [t for t, _r in steps])
-    return found[-1]
+    return doc, steps_by_play(doc, HOST)
 
 
 @pytest.fixture(scope="module")
