@@ -301,9 +301,14 @@ def test_ray_env_pins_every_transport_and_keeps_the_memory_defaults(run):
 def test_head_serve_unit_runs_tp2_over_ray_after_a_bounded_wait(run):
     unit = render(run, "head-serve-service")
     assert "--tensor-parallel-size 2 --distributed-executor-backend ray" in unit
-    assert "BindsTo=sparkops-ray.service" in unit and "After=sparkops-ray.service" in unit
-    assert ("ExecStartPre=/bin/sh -c 'exec /usr/bin/docker exec -i sparkops-ray python3 - 10.10.0.1:6379 2 600 "
-            "< /usr/local/libexec/sparkops/cluster-nodes.py'") in unit
+    # Requires=, not BindsTo=: Ray's restart after a crash restarts the server (BindsTo= left it stopped)
+    assert "Requires=sparkops-ray.service" in unit and "After=sparkops-ray.service" in unit
+    assert "\nBindsTo=" not in unit
+    assert ("ExecStartPre=/usr/local/libexec/sparkops/serve-unit wait-pair --timeout-s 600 "
+            "--script /usr/local/libexec/sparkops/cluster-nodes.py -- "
+            "/usr/bin/docker exec -i sparkops-ray python3 - 10.10.0.1:6379 2\n") in unit
+    # the wait (an ExecStartPre process) may extend the start's timeout while the worker is away
+    assert "NotifyAccess=exec" in unit
     # until READY=1: ExecStartPre 120 + the Ray wait 600 + the stall backoff 30 x 2^2 + health 1200 + one probe 30
     assert "TimeoutStartSec=2070" in unit and "Restart=always" in unit
     assert "type=volume,src=sparkops-ray-tmp,dst=/tmp/ray --pid container:sparkops-ray" in unit
@@ -318,6 +323,7 @@ def test_single_spark_serve_unit_is_unchanged(run):
     unit = render(run, "single-serve-service")
     assert "ray" not in unit.lower()
     assert "Restart=on-failure" in unit and "TimeoutStartSec=1470" in unit   # no Ray wait: 120 + 120 + 1200 + 30
+    assert "NotifyAccess=main" in unit and "wait-pair" not in unit
 
 
 def test_memwatch_on_a_worker_stops_the_ray_unit(run):
