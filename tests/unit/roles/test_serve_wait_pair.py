@@ -74,7 +74,7 @@ class Box:
         env = dict(os.environ, WAIT_BOX=str(self.dir), WAIT_SCRIPT=SCRIPT, NOTIFY_SOCKET=self.sock_path)
         started = time.monotonic()
         r = subprocess.run([sys.executable, HELPER, "wait-pair", "--timeout-s", str(timeout_s), "--attempt-s", "7",
-                            "--poll-s", str(poll_s), "--log-every-s", "0", "--script", SCRIPT, "--",
+                            "--poll-s", str(poll_s), "--log-every-s", "0", "--rest-s", "1470", "--script", SCRIPT, "--",
                             sys.executable, str(self.nodes), "10.10.0.1:6379", "2"],
                            capture_output=True, text=True, env=env, timeout=120, check=False)
         return r, time.monotonic() - started
@@ -107,8 +107,10 @@ def test_a_missing_worker_is_waited_for_past_every_bound_with_systemd_told(box):
     assert all(c["stdin_is_script"] for c in calls)
     assert all(c["argv"] == ["10.10.0.1:6379", "2", "7"] for c in calls)     # the look's own bound last
     notes = box.notes()
-    assert len(notes) == 15
-    for note in notes:
+    assert len(notes) == 16
+    # once both are there, the rest of the start gets the unit's whole TimeoutStartSec again
+    assert notes[-1] == "EXTEND_TIMEOUT_USEC=1470000000\nSTATUS=both Ray nodes alive: starting the server"
+    for note in notes[:-1]:
         fields = dict(line.split("=", 1) for line in note.split("\n"))
         # one look (7 s), its answer's bound (90 s), the pause and a margin, from now
         assert fields["EXTEND_TIMEOUT_USEC"] == str(int((7 + 90 + 0.2 + 30) * 1e6))
