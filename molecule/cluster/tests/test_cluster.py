@@ -196,7 +196,7 @@ SVC = "sparkops-serve.service"
 LIVE_DIR = "/var/lib/sparkops/serve/sparkops-serve-liveness"
 DRILLS = os.path.join(PROJECT, "tests", "output", "molecule-cluster", "drills.json")
 # the vLLM worker of the head's server on the worker node (a Ray actor in the worker's Ray container)
-WORKER_ACTOR_STOP = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^ray::RayWorkerWrapper' "
+WORKER_ACTOR_STOP = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^ray::RayWorker' "
                      "&& kill -STOP ${p#/proc/} && echo ${p#/proc/}; done")
 
 
@@ -309,8 +309,8 @@ def test_a_ray_crash_on_the_head_brings_its_server_back(host):
 # removed afterwards. Before, each start's wait failed at its bound and counted: the worker away for
 # longer than two such starts left the head failed for good (start limit, serve_max_failed_starts).
 DRILL_DROPIN = "/run/systemd/system/%s.d/50-drill-worker-away.conf" % SVC
-DRILL_BOUNDS = "[Unit]\nStartLimitIntervalSec=3600\nStartLimitBurst=2\n[Service]\nTimeoutStartSec=90\n"
-AWAY_S = 200            # more than two TimeoutStartSec of the drop-in, more than its start limit allows
+DRILL_BOUNDS = "[Unit]\nStartLimitIntervalSec=3600\nStartLimitBurst=2\n[Service]\nTimeoutStartSec=60\n"
+AWAY_S = 150            # more than two TimeoutStartSec of the drop-in, more than its start limit allows
 
 
 def test_worker_loss_stops_the_head_converge_names_it_and_rejoin_serves(host):

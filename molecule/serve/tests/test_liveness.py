@@ -23,6 +23,9 @@ from lab_key import curl_auth  # tests/support, put on the path by test_unit_sem
 LIVE_DIR = "/var/lib/sparkops/serve/sparkops-serve-liveness"
 PROM = "/var/lib/prometheus/node-exporter/sparkops-serve-liveness.prom"
 STALL_S = 15            # serve_liveness_stall_s in molecule.yml
+# serve-unit reading as spark_serve.reading renders it here: the rollout's drain and the recycle ask it
+READING = ("/usr/local/libexec/sparkops/serve-unit reading --unit %s --base-url %s --liveness-dir %s --model tiny-llama "
+           "--api-key-file /etc/sparkops/sparkops-serve.env --probe-timeout-s 10 --want idle" % (SVC, BASE, LIVE_DIR))
 ENGINE_STOP = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^VLLM::EngineCore' "
                "&& kill -STOP ${p#/proc/} && echo stopped ${p#/proc/}; done")
 
@@ -86,6 +89,11 @@ def test_a_stalled_engine_is_found_and_the_server_serves_again(host):
     since = now(host)
     t0 = time.monotonic()
     stall_engine(host)
+    # one meaning of "idle" (the drains' and the gate's): the frozen gauges say nothing runs or
+    # waits, and liveness has not judged yet, but the stalled server is not idle
+    r = host.run(READING)
+    seen = json.loads(r.stdout or "{}")
+    assert r.rc == 4 and seen.get("queue") == 0 and seen.get("live") is False, (r.stdout, r.stderr)
     wait_for("the server to serve again after the stall",
              lambda: prop(host, SVC, "InvocationID") != inv and completes(host), HEALTH_TIMEOUT_S + 120, step=2)
     seconds = round(time.monotonic() - t0, 1)

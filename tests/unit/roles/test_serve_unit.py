@@ -231,7 +231,9 @@ def test_the_recycle_waits_for_its_slot_in_the_fleet(renders, tmp_path):
     second = (renders["bytes"] / "sparkops-serve-recycle.sh").read_text()
     assert "delay_s=${SPARKOPS_RECYCLE_DELAY_S:-0}\n" in first
     assert "delay_s=${SPARKOPS_RECYCLE_DELAY_S:-1800}\n" in second
-    assert "\nTimeoutStartSec=4020\n" in (renders["bytes"] / "sparkops-serve-recycle.service").read_text()
+    # the slot 1800, the drain 900, its last reading's probe 30, the stop 60 and the health timeout 1200,
+    # a margin of 60
+    assert "\nTimeoutStartSec=4050\n" in (renders["bytes"] / "sparkops-serve-recycle.service").read_text()
     d = tmp_path / "fake"
     d.mkdir()
     (d / "state").write_text("inactive\n")
@@ -432,14 +434,23 @@ case "$1" in
 esac
 """
 FAKE_CURL = """\
-s="%(d)s"
 case "$*" in
-  */metrics*) if [ "$(wc -l < "$s/running")" -gt 1 ]; then   # one reading per call; the last one stays
-                  head -n 1 "$s/running" > "$s/now"; tail -n +2 "$s/running" > "$s/rest"; mv "$s/rest" "$s/running"
-              else cp "$s/running" "$s/now"; fi
-              echo 'vllm:num_requests_running{model_name="m"} '"$(cat "$s/now")"
-              echo 'vllm:num_requests_waiting{model_name="m"} '"$(cat "$s/waiting")" ;;
   */health*) exit 0 ;;
+esac
+exit 7
+"""
+# serve-unit reading (unit-tested in test_serve_reading.py): one reading per call from "readings"
+# (the last one stays): idle, busy or stalled, as its exit status 0, 3 or 4.
+FAKE_HELPER = """\
+s="%(d)s"
+echo "$@" >> "$s/helper-args"
+if [ "$(wc -l < "$s/readings")" -gt 1 ]; then
+    head -n 1 "$s/readings" > "$s/now"; tail -n +2 "$s/readings" > "$s/rest"; mv "$s/rest" "$s/readings"
+else cp "$s/readings" "$s/now"; fi
+case "$(cat "$s/now")" in
+  idle) echo '{"why": "a liveness check passed"}'; exit 0 ;;
+  busy) echo '{"why": "1 request(s) running or waiting"}'; exit 3 ;;
+  *) echo '{"why": "liveness says stalled"}'; exit 4 ;;
 esac
 """
 
@@ -449,36 +460,43 @@ def fixture_rendered(renders):
     return renders["default"]
 
 
-@pytest.mark.parametrize("state, running, waiting, rc, restarts", [
-    ("active", "0", "0", 0, "try-restart --no-block sparkops-serve.service\n"),   # idle: once
-    ("active", "1", "0", 75, None),                                      # busy: gives up at the bound
-    ("active", "0", "2", 75, None),                                      # queued requests: busy too
-    ("inactive", "0", "0", 0, None),                                     # stopped: left stopped
+@pytest.mark.parametrize("state, readings, rc, restarts", [
+    ("active", "idle", 0, "try-restart --no-block sparkops-serve.service\n"),   # idle: once
+    ("active", "busy", 75, None),                                         # busy: gives up at the bound
+    # the gauges of a stalled engine read 0/0: not idle by the liveness reading, never restarted here
+    ("active", "stalled", 75, None),
+    ("inactive", "idle", 0, None),                                        # stopped: left stopped
     # one idle reading between busy ones (a request inside vLLM's API server counts in neither
     # gauge): not idle until a second reading agrees
-    ("active", "3\n0\n2", "0", 75, None),
-    ("active", "3\n0\n0", "0", 0, "try-restart --no-block sparkops-serve.service\n"),
+    ("active", "busy\nidle\nbusy", 75, None),
+    ("active", "busy\nidle\nidle", 0, "try-restart --no-block sparkops-serve.service\n"),
 ])
-def test_recycle_script(rendered, tmp_path, state, running, waiting, rc, restarts):  # pylint: disable=too-many-arguments
+def test_recycle_script(rendered, tmp_path, state, readings, rc, restarts):  # pylint: disable=too-many-arguments
     d = tmp_path / "fake"
     d.mkdir()
     (d / "state").write_text(state + "\n")
     (d / "invocation").write_text("old\n")
-    (d / "running").write_text(running + "\n")
-    (d / "waiting").write_text(waiting + "\n")
+    (d / "readings").write_text(readings + "\n")
     fake_bin(tmp_path, "systemctl", FAKE_SYSTEMCTL % {"d": d})
-    bindir = fake_bin(tmp_path, "curl", FAKE_CURL % {"d": d})
-    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]),
+    fake_bin(tmp_path, "serve-unit", FAKE_HELPER % {"d": d})
+    bindir = fake_bin(tmp_path, "curl", FAKE_CURL)
+    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]), SPARKOPS_SERVE_HELPER=str(bindir / "serve-unit"),
                SPARKOPS_RECYCLE_DRAIN_TIMEOUT_S="2", SPARKOPS_RECYCLE_POLL_S="1")
     t0 = time.monotonic()
     r = subprocess.run(["/bin/sh", str(rendered / "sparkops-serve-recycle.sh")], capture_output=True, text=True,
                        env=env, timeout=60, check=False)
     assert r.returncode == rc, r.stdout + r.stderr
     assert (d / "restarts").read_text() == restarts if restarts else not (d / "restarts").exists()
+    if state == "active":
+        # the same reading as the rollout's drain: the helper's, asked for an idle and live server
+        args = (d / "helper-args").read_text().splitlines()[0].split()
+        assert args[:3] == ["reading", "--unit", "sparkops-serve.service"] and args[-2:] == ["--want", "idle"]
+        assert "--liveness-dir" in args and "--probe-timeout-s" in args
     if rc == 75:
         # it waited for the bound, not gave up at once: the script counts whole seconds (date +%s),
         # so a 2 s bound ends after more than 1 s of real time (1.95 s was seen on a busy machine)
         assert time.monotonic() - t0 > 1 and "untouched" in r.stderr
+        assert "liveness says stalled" in r.stderr if readings == "stalled" else True
 
 
 def test_a_bad_recycle_calendar_is_refused_naming_the_variable(renders):
