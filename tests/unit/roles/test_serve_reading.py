@@ -103,7 +103,7 @@ def reading(box, server, *extra, liveness=True):
 
 def test_idle_and_a_probe_that_passes_now_is_idle(box, server):
     write_state(box)
-    rc, out, _ = reading(box, server)
+    rc, out = reading(box, server)[:2]
     assert rc == 0 and out["live"] is True and out["queue"] == 0, out
     assert out["why"].startswith("a probe generation: HTTP 200 in ")
     # liveness's own probe: one token of the served model, with the server's key from the env file
@@ -124,7 +124,7 @@ def test_the_stale_gauges_of_a_stalled_engine_are_not_idle(box, server):
 @pytest.mark.parametrize("state", ["stalled", "starting", "given_up"])
 def test_a_server_liveness_does_not_find_live_is_not_idle(box, server, state):
     write_state(box, state=state, reason="what liveness said")
-    rc, out, _ = reading(box, server)
+    rc, out = reading(box, server)[:2]
     assert rc == 4 and out["why"] == "liveness says %s: what liveness said" % state
     assert not server.asked
 
@@ -132,37 +132,37 @@ def test_a_server_liveness_does_not_find_live_is_not_idle(box, server, state):
 def test_busy_is_busy_at_once_and_live_for_the_gate(box, server):
     server.running, server.waiting = 1, 2
     write_state(box)
-    rc, out, _ = reading(box, server)
+    rc, out = reading(box, server)[:2]
     assert rc == 3 and out["queue"] == 3 and out["why"] == "3 request(s) running or waiting", out
     assert not server.asked
     # the rollout's gate asks for live only
-    rc, out, _ = reading(box, server, "--want", "live")
+    rc, out = reading(box, server, "--want", "live")[:2]
     assert rc == 0 and out["live"] is True
     server.completions = "hang"
-    rc, out, _ = reading(box, server, "--want", "live")
+    rc, out = reading(box, server, "--want", "live")[:2]
     assert rc == 4 and out["live"] is False
 
 
 def test_a_probe_the_api_server_refuses_leaves_the_gauges_alone(box, server):
     write_state(box)
     server.completions = "404"
-    rc, out, _ = reading(box, server)
+    rc, out = reading(box, server)[:2]
     assert rc == 0 and "a probe generation cannot judge this server (HTTP 404" in out["why"], out
 
 
 def test_a_unit_without_liveness_is_read_by_its_gauges_said_so(box, server):
     # no state file: a unit from before liveness (a rollout replaces it)
-    rc, out, _ = reading(box, server)
+    rc, out = reading(box, server)[:2]
     assert rc == 0 and "a unit without liveness" in out["why"]
     # a state of an earlier start: this start runs without liveness
     write_state(box, invocation="inv-before", state="stalled")
-    rc, out, _ = reading(box, server)
+    rc, out = reading(box, server)[:2]
     assert rc == 0 and "its state is of an earlier one" in out["why"]
     # liveness off in the role (serve_liveness_enabled false)
-    rc, out, _ = reading(box, server, liveness=False)
+    rc, out = reading(box, server, liveness=False)[:2]
     assert rc == 0 and "liveness is off" in out["why"]
     server.running = 1
-    rc, out, _ = reading(box, server, liveness=False)
+    rc, out = reading(box, server, liveness=False)[:2]
     assert rc == 3
     assert not server.asked
 
@@ -170,5 +170,5 @@ def test_a_unit_without_liveness_is_read_by_its_gauges_said_so(box, server):
 def test_no_metrics_is_its_own_answer(box, server):
     server.down = True
     write_state(box)
-    rc, out, _ = reading(box, server)
+    rc, out = reading(box, server)[:2]
     assert rc == 5 and out["why"].startswith(server.url + "/metrics: ")
