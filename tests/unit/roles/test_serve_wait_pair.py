@@ -39,6 +39,9 @@ if what == "both":
 if what == "worker":
     print(json.dumps({"address": "10.10.0.1:6379", "want": 2, "alive": 1, "alive_ips": ["10.10.0.1"]}))
     sys.exit(1)
+if what == "headless":      # the head's GCS answers, its own node is not alive (only the worker's)
+    print(json.dumps({"address": "10.10.0.1:6379", "want": 2, "alive": 1, "alive_ips": ["10.10.0.2"]}))
+    sys.exit(1)
 if what == "head":
     print(json.dumps({"address": "10.10.0.1:6379", "want": 2, "alive": 0, "error": "Could not find any running Ray instance"}))
     sys.exit(2)
@@ -128,13 +131,14 @@ def test_both_nodes_at_the_first_look_start_at_once_and_say_nothing(box):
     assert box.notes() == ["EXTEND_TIMEOUT_USEC=%d\nSTATUS=looking for both Ray nodes of the pair" % int((7 + 90 + 0.2 + 30) * 1e6)]
 
 
-@pytest.mark.parametrize("gone", ["head", "gone"])
+@pytest.mark.parametrize("gone", ["head", "gone", "headless"])
 def test_the_heads_own_ray_not_answering_fails_the_start_after_the_bound(box, gone):
     r, took = box.run([gone], timeout_s=1)
     assert r.returncode == 1
     assert 1 <= took < 30
     assert "the head's own Ray does not answer" in r.stderr and "this start fails" in r.stderr
-    assert ("Could not find any running Ray instance" if gone == "head" else "No such container") in r.stderr
+    assert {"head": "Could not find any running Ray instance", "gone": "No such container",
+            "headless": "its own node 10.10.0.1 is not among the alive ones: 10.10.0.2"}[gone] in r.stderr
     # while it is still within the bound, systemd hears that the start goes on
     assert all("STATUS=the head's own Ray does not answer" in n for n in box.notes()[1:-1])
 
