@@ -259,7 +259,7 @@ class Answered:
 def test_a_stalled_worker_is_found_by_the_heads_liveness_and_the_pair_serves_again(host):
     """The worker's vLLM process stopped (SIGSTOP; its Ray node stays alive, the head's /health stays
     200): the head's liveness finds no progress and restarts the head's server, Ray ends the stalled
-    actor with the job, and the pair serves again with no manual step (SPEC §11, issue 27 item 4)."""
+    actor with the job, and the pair serves again with no manual step (SPEC §11)."""
     if _name(host) != HEAD:
         pytest.skip("driven from the head")
     assert _answers(host)

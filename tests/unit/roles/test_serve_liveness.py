@@ -246,12 +246,15 @@ def test_a_busy_server_whose_counters_advance_is_never_probed_nor_stopped(box, v
     assert box.state_json()["state"] == "live" and "counters advanced" in box.state_json()["reason"]
 
 
-@pytest.mark.parametrize("probe, rc", [("hang", 75), ("answer", 1)])
-def test_frozen_counters_while_busy_lead_to_a_probe_after_the_bound(box, vllm, probe, rc):
+# serve_s: how long the stand-in server runs on its own (exit 0, reported 1). The hanging probe's
+# server must outlast the bound, the probe and the look after it on a loaded machine (2.5 s did not,
+# once, beside a CI run and two Molecule scenarios): liveness ends it early, so 10 s costs nothing.
+@pytest.mark.parametrize("probe, rc, serve_s", [("hang", 75, 10), ("answer", 1, 2.5)])
+def test_frozen_counters_while_busy_lead_to_a_probe_after_the_bound(box, vllm, probe, rc, serve_s):
     """Stale gauges (2 running) with counters that stopped: probed once the bound is over; a probe
     that answers (a long prefill) keeps the server, one that hangs stops it."""
     vllm.running = 2.0
-    box.start(serve_s=2.5, stall=0.7)
+    box.start(serve_s=serve_s, stall=0.7)
     box.read_messages(lambda m: "READY=1" in m)
     probes = vllm.probes
     vllm.completions = probe

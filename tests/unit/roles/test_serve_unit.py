@@ -216,8 +216,9 @@ def test_unit_uses_the_helper_for_shm_start_bound_and_stop(renders):
     for line in unit_section.splitlines():
         if line.startswith(("Requires=", "Requisite=", "BindsTo=", "PartOf=", "After=", "Upholds=", "Wants=")):
             raise AssertionError("the recycle job depends on the server (a restart propagates to it): " + line)
-    # the drain (900), the old server's stop (60) and the new start up to /health (1200), and 60 s
-    assert "\nTimeoutStartSec=2220\n" in recycle
+    # the drain (900), its last reading's probe (30), the old server's stop (60) and the new start up to
+    # /health (1200), and 60 s
+    assert "\nTimeoutStartSec=2250\n" in recycle
     script = (rendered / "sparkops-serve-recycle.sh").read_text()
     assert "ready_s=${SPARKOPS_RECYCLE_READY_TIMEOUT_S:-1260}\n" in script
     assert "systemctl try-restart --no-block \"$unit\"" in script
