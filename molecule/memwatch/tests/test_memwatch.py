@@ -218,7 +218,7 @@ SERVE_UNIT_FILE = "/etc/systemd/system/sparkops-serve.service"
 
 
 def test_a_failing_stop_is_reported_memwatch_stays_armed_and_retries_until_the_server_is_down(host, image):
-    """SPEC §11, issue 27: the serve unit's ExecStop, `docker stop` and `docker kill` all fail and
+    """SPEC §11: the serve unit's ExecStop, `docker stop` and `docker kill` all fail and
     leave the server (a container ignoring SIGTERM) running. memwatch escalates to the kill through
     systemd, reports the action `failed` (log, metrics), stays armed with the incident open, acts
     again after its backoff (stop grace + kill timeout) while memory stays low, and once the engine

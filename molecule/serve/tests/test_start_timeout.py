@@ -1,5 +1,5 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A start that never answers /health fails within the bound its unit declares (SPEC §11; issue 27).
+"""A start that never answers /health fails within the bound its unit declares (SPEC §11).
 
 The serve unit is Type=notify: the helper (serve-unit run) sends READY=1 only once /health answers
 and a first liveness probe passed, so systemd's TimeoutStartSec is what ends a start that never
