@@ -27,8 +27,9 @@ import json
 import os
 import re
 import shlex
+import time
 
-from test_unit_semantics import (CONTAINER, CONVERGE, SVC, _converge, clear_dropin, ensure_serving, journal, now, prop, set_dropin,
+from test_unit_semantics import (CONTAINER, CONVERGE, PROJECT, SVC, _converge, clear_dropin, ensure_serving, journal, now, prop, set_dropin,
                                  stop_server, wait_for)
 
 SHORT_HEALTH_S = 10
@@ -120,6 +121,9 @@ def test_a_start_that_never_answers_health_fails_within_the_declared_bound(host,
         timed_out = journal_monotonic_s(host, since, TIMED_OUT)
         took = round(timed_out - began, 1)
         print("never-healthy start: ended by systemd after %.1f s (declared TimeoutStartSec=%d s)" % (took, short))
+        os.makedirs(os.path.join(PROJECT, "build"), exist_ok=True)
+        with open(os.path.join(PROJECT, "build", "start-timeout-drill.json"), "w", encoding="utf-8") as f:
+            json.dump({"start_to_timeout_s": took, "timeout_start_s": short, "at": time.time()}, f)
         # the frozen server ends at once (the stop would otherwise wait for TimeoutStopSec)
         host.run("docker rm -f %s" % CONTAINER)
         host.run_expect([0], "systemctl stop %s" % SVC)
