@@ -70,10 +70,10 @@ def put_file(host, path, text, mode="0644"):
     assert host.file(path).content_string == text
 
 
-def start_the_serve_unit_and_fire(host, nth):
+def start_the_serve_unit_and_fire(host, nth, timeout=60):
     """Start sparkops-serve.service, wait for its container, make memory low and return memwatch's
-    nth action (waited for in its log)."""
+    nth action (waited for in its log, at most `timeout` s)."""
     host.run_test("systemctl daemon-reload && systemctl start sparkops-serve.service")
     wait_for("the unit's container", lambda: container_state(host) == (True, 0))
     write_meminfo(host, 5, 3)
-    return wait_for("action %d" % nth, lambda: len(events(host, "action")) == nth and events(host, "action"))[-1]
+    return wait_for("action %d" % nth, lambda: len(events(host, "action")) == nth and events(host, "action"), timeout)[-1]

@@ -6,6 +6,7 @@ killed after the grace), the incident archive, the metrics file, memwatch's log.
 Run in file order: the first incident stops the container converge started; the second one
 uses a container that ignores SIGTERM.
 """
+import datetime
 import json
 import time
 
@@ -152,6 +153,7 @@ echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the
 exit 1
 """
 CONFIG = "/etc/sparkops/memwatch.json"
+TS = "%Y-%m-%dT%H:%M:%S.%fZ"   # memwatch's log stamps
 
 
 def test_docker_unknown_still_stops_the_serve_unit_through_systemd(host, image):
@@ -192,4 +194,106 @@ def test_docker_unknown_still_stops_the_serve_unit_through_systemd(host, image):
     finally:
         put_file(host, CONFIG, original)
         host.run("rm -f %s" % DOCKER_FAILS)
+        host.run("systemctl restart memwatch.service")
+
+
+# A stand-in for the docker CLI that hands every command to the real one, except that while STUCK
+# exists `docker stop` and `docker kill` fail as the engine's do on a container whose process is
+# stuck in the kernel (a GPU driver call): the engine answers, the container keeps running. memwatch
+# is pointed at it (memwatch_docker_path), and so is the stand-in serve unit's ExecStop.
+DOCKER_STUCK = "/usr/local/bin/memwatch-test-standin-docker-stuck"
+STUCK = TEST_DIR + "/stop-fails"
+DOCKER_STUCK_SCRIPT = """#!/bin/sh
+# stand-in docker CLI for the memwatch test: while %s exists, stop and kill leave the container running
+if [ -e %s ]; then
+    case "$1" in
+        stop|kill)
+            echo "Error response from daemon: cannot $1 container: tried to kill container, but did not receive an exit event (stand-in)" >&2
+            exit 1 ;;
+    esac
+fi
+exec /usr/bin/docker "$@"
+""" % (STUCK, STUCK)
+SERVE_UNIT_FILE = "/etc/systemd/system/sparkops-serve.service"
+
+
+def test_a_failing_stop_is_reported_memwatch_stays_armed_and_retries_until_the_server_is_down(host, image):
+    """SPEC §11: the serve unit's ExecStop, `docker stop` and `docker kill` all fail and
+    leave the server (a container ignoring SIGTERM) running. memwatch escalates to the kill through
+    systemd, reports the action `failed` (log, metrics), stays armed with the incident open, acts
+    again after its backoff (stop grace + kill timeout) while memory stays low, and once the engine
+    can stop the container again (the test removes STUCK after the failure) the retry leaves the
+    server really down: docker says it exited, the incident ends `server_down` after 2 attempts."""
+    original_cfg = host.file(CONFIG).content_string
+    original_unit = host.file(SERVE_UNIT_FILE).content_string if host.file(SERVE_UNIT_FILE).exists else None
+    cfg = json.loads(original_cfg)
+    backoff = cfg["stop_grace_s"] + cfg["kill_timeout_s"]
+    try:
+        host.run_test("touch %s" % STUCK)
+        put_file(host, DOCKER_STUCK, DOCKER_STUCK_SCRIPT, mode="0755")
+        cfg["docker"] = DOCKER_STUCK
+        put_file(host, CONFIG + ".test", json.dumps(cfg, indent=2) + "\n")
+        host.run_test("/usr/local/bin/memwatch check-config %s.test >/dev/null && mv %s.test %s" % (CONFIG, CONFIG, CONFIG))
+        unit = (SERVE_UNIT.format(name=NAME, image=image, script=IGNORE_TERM)
+                .replace("ExecStop=/usr/bin/docker ", "ExecStop=%s " % DOCKER_STUCK) + "TimeoutStopSec=2\n")
+        put_file(host, SERVE_UNIT_FILE, unit)
+        host.run("docker rm -f %s" % NAME)
+        write_meminfo(host, 60, 30)
+        host.run_test("systemctl restart memwatch.service")
+        wait_for("re-arming after recovery", lambda: host.file(METRICS).exists and metrics(host)["memwatch_armed"] == 1)
+        before = metrics(host)
+        n = len(events(host, "action"))
+        archives = len(host.run_test("ls %s" % ARCHIVES).stdout.split())
+
+        # the firing (5 samples), the archive (its docker logs bounded by archive_timeout_s, memwatch's
+        # default 30 s), the whole chain within memwatch's stop bound, and a margin for a loaded machine
+        bound = cfg["stop_grace_s"] + 3 * cfg["kill_timeout_s"]
+        first = start_the_serve_unit_and_fire(host, n + 1, timeout=5 + cfg.get("archive_timeout_s", 30) + bound + 30)
+        # reported: failed, with what still runs, after the whole chain
+        assert first["result"] == "failed" and first["level"] == "error", first
+        assert first["attempt"] == 1 and first["server_down"] is False and first["retry_after_s"] == backoff, first
+        # the whole chain within memwatch's stop bound (bound_s; "seconds" also holds the archive, bounded apart)
+        assert first["bound_s"] == bound and first["seconds"] <= bound + cfg.get("archive_timeout_s", 30), first
+        assert "the container %s is still running" % NAME in first["reason"], first
+        steps = [(s["step"], s.get("rc")) for s in first["steps"]]
+        assert ("docker stop -t 3 %s" % NAME, 1) in steps and ("docker kill %s" % NAME, 1) in steps, steps
+        assert steps[-1][0] == "systemctl kill --signal=SIGKILL sparkops-serve.service", steps
+        kill = events(host, "escalation")[-1]
+        assert kill["step"] == "unit_kill" and kill["docker_answered"] is True, kill
+        assert container_state(host) == (True, 0), "the stand-in engine stopped the container after all"
+        # stays armed, the incident open
+        m = metrics(host)
+        assert m['memwatch_actions_total{result="failed"}'] == before.get('memwatch_actions_total{result="failed"}', 0) + 1
+        assert m["memwatch_armed"] == 1 and m["memwatch_incident_open"] == 1 and m["memwatch_incident_attempts"] == 1
+        assert m["memwatch_incident_server_down"] == 0
+
+        host.run_test("rm %s" % STUCK)    # the engine can stop the container again
+        second = wait_for("the retry's action", lambda: len(events(host, "action")) == n + 2 and events(host, "action"),
+                          timeout=backoff + 120)[-1]
+        retry = events(host, "retry")[-1]
+        assert retry["attempt"] == 2 and retry["last_result"] == "failed", retry
+        # not sooner than the backoff after the failed attempt (log stamps: UTC, microseconds)
+        waited = (datetime.datetime.strptime(retry["ts"], TS) - datetime.datetime.strptime(first["ts"], TS)).total_seconds()
+        assert waited >= backoff - 1, (waited, backoff)
+        assert second["attempt"] == 2 and second["server_down"] is True, second
+        assert second["result"] == "killed", second     # docker stop -t 3: SIGTERM ignored, SIGKILL after the grace
+        assert second["archive"] == first["archive"], "the retry archived again"
+        end = events(host, "incident_end")[-1]
+        assert end["ended"] == "server_down" and end["attempts"] == 2 and end["server_down"] is True, end
+        assert container_state(host) == (False, 137)
+        m = metrics(host)
+        assert m["memwatch_armed"] == 0 and m["memwatch_incident_open"] == 0
+        assert m["memwatch_incident_attempts"] == 2 and m["memwatch_incident_server_down"] == 1
+        assert len(host.run_test("ls %s" % ARCHIVES).stdout.split()) == archives + 1
+        print("memwatch with a failing stop: %d attempts, the server down %.1f s after the firing "
+              "(the retry %.1f s after the failed attempt; backoff %d s)" % (end["attempts"], end["seconds"], waited, backoff))
+    finally:
+        host.run("rm -f %s" % STUCK)
+        host.run("systemctl stop sparkops-serve.service; docker rm -f %s" % NAME)
+        put_file(host, CONFIG, original_cfg)
+        if original_unit is None:
+            host.run("rm -f %s" % SERVE_UNIT_FILE)
+        else:
+            put_file(host, SERVE_UNIT_FILE, original_unit)
+        host.run("rm -f %s; systemctl daemon-reload; systemctl reset-failed sparkops-serve.service" % DOCKER_STUCK)
         host.run("systemctl restart memwatch.service")
