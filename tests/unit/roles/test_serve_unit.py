@@ -202,7 +202,8 @@ def test_unit_uses_the_helper_for_shm_start_bound_and_stop(renders):
             "--liveness-interval-s 10 --liveness-stall-s 45 --probe-timeout-s 30 --liveness-max-restarts 3 "
             "--liveness-window-s 3600 --liveness-backoff-s 30 --liveness-dir /var/lib/sparkops/serve/sparkops-serve-liveness "
             "--liveness-keep 10 --metrics-file /var/lib/prometheus/node-exporter/sparkops-serve-liveness.prom "
-            "--health-url http://127.0.0.1:8000/health --container sparkops-vllm -- \\\n    /usr/bin/docker run --rm --name sparkops-vllm" % HELPER) in text
+            "--health-url http://127.0.0.1:8000/health --health-timeout-s 1200 --container sparkops-vllm -- \\\n"
+            "    /usr/bin/docker run --rm --name sparkops-vllm" % HELPER) in text
     # Type=notify: the start lasts until READY=1 (ExecStartPre 120 s + backoff 30 x 2^2 + health 1200 + probe 30);
     # the watchdog outlasts one look (10 + 10 + 30) and a stall's stop (30 + 60), plus 30 s
     assert "\nType=notify\nNotifyAccess=main\nWatchdogSec=120\n" in text
@@ -379,6 +380,31 @@ def test_a_start_that_reached_health_clears_the_count(tmp_path):
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_start_that_never_answers_health_fails_within_the_health_timeout(tmp_path):
+    """--health-timeout-s (serve_health_timeout_s) from the server's start: no /health by then, and the
+    helper stops the container (docker stop) and reports a failed start (1) that stop-post counts;
+    TimeoutStartSec stays the outer bound of the whole start."""
+    calls = tmp_path / "calls"
+    pidfile = tmp_path / "pid"
+    bindir = fake_bin(tmp_path, "docker", 'echo "$*" >> "%s"; kill "$(cat "%s")"\n' % (calls, pidfile))
+    fake_bin(tmp_path, "systemctl", "echo 1\n")
+    state = tmp_path / "s"
+    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]), INVOCATION_ID="inv5")
+    base = ["--unit", "x.service", "--state-dir", str(state)]
+    t0 = time.monotonic()
+    # nothing listens on the port: /health never answers; the server itself would run 60 s
+    r = helper("run", *base, "--health-url", "http://127.0.0.1:9/health", "--health-poll-s", "0.2",
+               "--health-timeout-s", "2", "--container", "c", "--docker", str(bindir / "docker"), "--",
+               "/bin/sh", "-c", "echo $$ > %s; exec sleep 60" % pidfile, env=env)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr
+    assert 2 <= took < 30
+    assert "did not answer within serve_health_timeout_s (2 s)" in r.stderr
+    assert calls.read_text().startswith("stop -t 30 c")
+    helper("stop-post", *base, env=dict(env, SERVICE_RESULT="exit-code", EXIT_CODE="exited", EXIT_STATUS="1"), check=True)
+    assert (state / "x.service.failed-starts").read_text() == "1\n"
 
 
 def test_run_exits_with_the_servers_status(tmp_path):
