@@ -337,8 +337,9 @@ def test_worker_loss_stops_the_head_converge_names_it_and_rejoin_serves(host):
         while time.monotonic() - away_at < AWAY_S:
             time.sleep(5)
         # still the one start, waiting; nothing failed, nothing counted
-        assert _prop(host, "ActiveState") == "activating" and _prop(host, "SubState") == "start-pre"
-        assert _prop(host, "NRestarts") == waiting_restarts
+        story = host.run("journalctl -u %s -u sparkops-ray --no-pager -n 80" % SVC).stdout
+        assert _prop(host, "ActiveState") == "activating" and _prop(host, "SubState") == "start-pre", story
+        assert _prop(host, "NRestarts") == waiting_restarts, story
         assert host.run("cat /run/sparkops/serve/%s.failed-starts" % SVC).stdout.strip() in ("", "0")
         back_at = time.monotonic()
         worker.run("systemctl start sparkops-ray")
