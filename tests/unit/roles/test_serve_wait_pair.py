@@ -152,3 +152,25 @@ def test_the_heads_bound_counts_only_time_without_its_ray(box):
     assert r.returncode == 0, r.stderr
     assert len(box.calls()) == 32
     assert took > 4
+
+
+def test_a_timeout_while_waiting_for_the_worker_is_not_a_failed_start(box, tmp_path):
+    """A systemd reload re-arms the start's timer without the extension: a wait longer than
+    TimeoutStartSec then times out. stop-post does not count that start (the marker of this
+    invocation); any other timeout still counts."""
+    state = tmp_path / "state"
+    env = dict(os.environ, WAIT_BOX=str(box.dir), WAIT_SCRIPT=SCRIPT, INVOCATION_ID="inv7")
+    (box.dir / "outcomes").write_text("worker worker both")
+    r = subprocess.run([sys.executable, HELPER, "wait-pair", "--unit", "x.service", "--state-dir", str(state),
+                        "--attempt-s", "7", "--poll-s", "0.1", "--script", SCRIPT, "--",
+                        sys.executable, str(box.nodes), "10.10.0.1:6379", "2"],
+                       capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert r.returncode == 0 and not (state / "x.service.waiting").exists()     # cleared once both are there
+    (state / "x.service.waiting").write_text("inv7\n")                          # as while it waited
+    post = [sys.executable, HELPER, "stop-post", "--unit", "x.service", "--state-dir", str(state)]
+    timeout = dict(env, SERVICE_RESULT="timeout", EXIT_CODE="killed", EXIT_STATUS="TERM")
+    r = subprocess.run(post, capture_output=True, text=True, env=timeout, timeout=60, check=True)
+    assert "not a failed start" in r.stderr and not (state / "x.service.failed-starts").exists()
+    # another invocation's marker: counted
+    subprocess.run(post, capture_output=True, text=True, env=dict(timeout, INVOCATION_ID="inv8"), timeout=60, check=True)
+    assert (state / "x.service.failed-starts").read_text() == "1\n"
