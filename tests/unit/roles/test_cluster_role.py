@@ -304,7 +304,8 @@ def test_head_serve_unit_runs_tp2_over_ray_after_a_bounded_wait(run):
     # Requires=, not BindsTo=: Ray's restart after a crash restarts the server (BindsTo= left it stopped)
     assert "Requires=sparkops-ray.service" in unit and "After=sparkops-ray.service" in unit
     assert "\nBindsTo=" not in unit
-    assert ("ExecStartPre=/usr/local/libexec/sparkops/serve-unit wait-pair --unit sparkops-serve.service --state-dir /run/sparkops/serve --timeout-s 600 --rest-s 2070 "
+    assert ("ExecStartPre=/usr/local/libexec/sparkops/serve-unit wait-pair --unit sparkops-serve.service "
+            "--state-dir /run/sparkops/serve --timeout-s 600 --rest-s 2070 "
             "--script /usr/local/libexec/sparkops/cluster-nodes.py -- "
             "/usr/bin/docker exec -i sparkops-ray python3 - 10.10.0.1:6379 2\n") in unit
     # the wait (an ExecStartPre process) may extend the start's timeout while the worker is away
