@@ -391,9 +391,11 @@ def _worker_servers():
         seen.append("unit file")
     names = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, check=False).stdout.split()
     seen += [n for n in names if n == WORKER + "-vllm"]
-    procs = subprocess.run(["docker", "exec", WORKER + "-ray", "sh", "-c", "ps -eo args | grep -c '[v]llm serve' || true"],
-                           capture_output=True, text=True, check=False).stdout.strip()
-    if procs not in ("", "0"):
+    r = subprocess.run(["docker", "exec", WORKER + "-ray", "sh", "-c", "ps -eo args | grep -c '[v]llm serve' || true"],
+                       capture_output=True, text=True, check=False)
+    procs = r.stdout.strip()
+    # a Ray container the rollout stops between `docker ps` and this exec answers with Docker's error, not a count
+    if r.returncode == 0 and procs.isdigit() and procs != "0":
         seen.append("%s vllm serve processes" % procs)
     return seen
 
