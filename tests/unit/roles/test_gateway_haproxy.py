@@ -1,0 +1,332 @@
+# -*- coding: utf-8 -*-
+# Copyright: sparkops contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The gateway role's HAProxy configuration, run by a real HAProxy (Debian's package; `make deps`
+installs it): the files are the role's own (its vars, rendered by Ansible from the serving hosts'
+spark_serve facts, checked by `haproxy -c` in the files module), the servers stand-in vLLMs on
+loopback, the agents stand-in agent checks answering what serve-unit's `agent` answers. What is
+asserted, through the gateway: routing by the request's model to that model's servers with the
+servers' key (never the client's), an unknown model's JSON 404, a missing or wrong client key's JSON
+401, /v1/models, a server whose agent says `down` leaving rotation while its /health answers 200, and
+the rollout's drain and return through the role's balancer tasks (community.general.haproxy over the
+runtime API). The gateway's bad inputs are refused with the variable named."""
+import csv
+import http.server
+import json
+import os
+import shutil
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+import harness
+
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
+pytestmark = pytest.mark.skipif(not os.path.exists(HAPROXY), reason="no haproxy here: `make deps` installs Debian's")
+
+CLIENT_KEY = "client-key-0123456789abcdef"
+SERVER_KEY = "server-key-abcdef0123456789"
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StandIn:
+    """A stand-in vLLM: /health 200, POST answers with its name, the Authorization it got, the body."""
+
+    def __init__(self, name):
+        me = self
+        self.name, self.seen = name, []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):      # pylint: disable=arguments-differ
+                pass
+
+            def _send(self, code, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):                  # pylint: disable=invalid-name
+                self._send(200, {"path": self.path})
+
+            def do_POST(self):                 # pylint: disable=invalid-name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                me.seen.append(self.headers.get("Authorization"))
+                self._send(200, {"server": me.name, "auth": self.headers.get("Authorization"), "model": body.get("model")})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+class Agent:
+    """A stand-in agent check: one line per connection, `word` (what serve-unit's agent says)."""
+
+    def __init__(self):
+        me = self
+        self.word = "up #live"
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                self.wfile.write((me.word + "\n").encode())
+
+        socketserver.ThreadingTCPServer.allow_reuse_address = True
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+PLAY = """
+- name: The serving hosts note how a gateway reaches them (as serve's facts do)
+  hosts: sparks
+  gather_facts: false
+  tasks:
+    - name: spark_serve
+      ansible.builtin.set_fact:
+        spark_serve: {model: "{{ served_model }}", api_key: "%(server_key)s",
+                      gateway: {host: 127.0.0.1, port: "{{ served_port | int }}", agent_port: "{{ served_agent_port | int }}"}}
+
+- name: The gateway's files, as the role renders and checks them
+  hosts: gateways
+  gather_facts: false
+  module_defaults:
+    sparkops.appliance.files:
+      record: ""       # no ownership record on this machine
+  tasks:
+    - name: Check the inputs
+      ansible.builtin.include_role:
+        name: sparkops.appliance.gateway
+        tasks_from: validate
+    - name: Write the configuration (haproxy -c in the files module)
+      ansible.builtin.include_role:
+        name: sparkops.appliance.gateway
+        tasks_from: config
+"""
+
+BALANCER = """
+- name: The gateway notes its runtime API
+  hosts: gateways
+  gather_facts: false
+  tasks:
+    - name: facts
+      ansible.builtin.include_role:
+        name: sparkops.appliance.gateway
+        tasks_from: facts
+
+- name: A serving host leaves or rejoins the gateway, as the rollout does it
+  hosts: "{{ target }}"
+  gather_facts: false
+  tasks:
+    - name: spark_serve
+      ansible.builtin.set_fact:
+        spark_serve: {model: "{{ served_model }}"}
+    - name: balancer
+      ansible.builtin.include_role:
+        name: sparkops.appliance.gateway
+        tasks_from: balancer
+      vars:
+        rollout_lb_action: "{{ action }}"
+"""
+
+
+@pytest.fixture(name="fleet", scope="module")
+def fleet_fixture(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gateway")
+    servers = {name: StandIn(name) for name in ("spark-a", "spark-b", "spark-c")}
+    agents = {name: Agent() for name in servers}
+    models = {"spark-a": "tiny-llama", "spark-b": "tiny-llama", "spark-c": "org/other-model"}
+    port, stats_port = free_port(), free_port()
+    config_dir = tmp / "etc"
+    gateway_vars = {"gateway_config_dir": str(config_dir), "gateway_port": port, "gateway_bind_address": "127.0.0.1",
+                    "gateway_stats_address": "127.0.0.1", "gateway_stats_port": stats_port,
+                    "gateway_admin_socket": str(tmp / "admin.sock"), "gateway_client_api_keys": [CLIENT_KEY],
+                    "gateway_check_inter_s": 1, "gateway_agent_inter_s": 1, "gateway_check_fall": 2, "gateway_check_rise": 1}
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"all": {"children": {
+        "sparks": {"hosts": {name: dict(local, served_model=models[name], served_port=servers[name].port,
+                                        served_agent_port=agents[name].port) for name in servers}},
+        "gateways": {"hosts": {"gw": dict(local, **gateway_vars)}}}}}
+    inv = tmp / "inventory.json"
+    inv.write_text(json.dumps(inventory))
+    playbook = tmp / "render.yml"
+    playbook.write_text(PLAY % {"server_key": SERVER_KEY})
+    proc = harness.run_playbook(playbook, inventory=inv, connection=None, env=harness.ansible_env(stdout_callback=None),
+                                extra_vars={"__gateway_unit_path": str(tmp / "sparkops-gateway.service")})
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    config = config_dir / "haproxy.cfg"
+    # the role's configuration as it is, but for what a test process cannot do: drop to the
+    # haproxy user in its chroot (the files under tmp are root's), log to stdout
+    text = config.read_text().replace("    chroot /var/lib/haproxy\n", "").replace("    user haproxy\n", "").replace("    group haproxy\n", "")
+    run_config = tmp / "run.cfg"
+    run_config.write_text(text)
+    log = open(tmp / "haproxy.log", "w")   # pylint: disable=consider-using-with (closed at the end)
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(run_config)], stdout=log, stderr=subprocess.STDOUT)
+    box = {"tmp": tmp, "inv": inv, "servers": servers, "agents": agents, "port": port, "stats_port": stats_port,
+           "config": config.read_text(), "proc": proc, "base": "http://127.0.0.1:%d" % port}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        rows = stats(box)
+        if len(rows) == 3 and all(r["status"] == "UP" for r in rows.values()):
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError("the gateway's servers are not UP: %s\n%s" % (
+            {k: r["status"] for k, r in stats(box).items()}, (tmp / "haproxy.log").read_text()[-3000:]))
+    yield box
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()
+
+
+def stats(box):
+    """{backend/server: row} from the stats page's CSV."""
+    try:
+        with _NO_PROXY.open("http://127.0.0.1:%d/stats;csv" % box["stats_port"], timeout=5) as resp:
+            rows = csv.DictReader(resp.read().decode().lstrip("# ").splitlines())
+            return {"%s/%s" % (r["pxname"], r["svname"]): r for r in rows if r["svname"] not in ("FRONTEND", "BACKEND")}
+    except OSError:
+        return {}
+
+
+def call(box, body=None, key=CLIENT_KEY, path="/v1/completions"):
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    req = urllib.request.Request(box["base"] + path, data=data, headers=headers)
+    try:
+        with _NO_PROXY.open(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def wait_status(box, server, want, timeout=15):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = stats(box).get(server, {}).get("status", "")
+        if status.startswith(want):
+            return status
+        time.sleep(0.3)
+    return stats(box).get(server, {}).get("status", "")
+
+
+def test_requests_go_to_the_servers_of_their_model_with_the_servers_key(fleet):
+    seen = set()
+    for _n in range(8):
+        status, body = call(fleet, {"model": "tiny-llama", "prompt": "x"})
+        assert status == 200 and body["model"] == "tiny-llama", body
+        assert body["auth"] == "Bearer " + SERVER_KEY    # the servers' key, never the client's
+        seen.add(body["server"])
+    assert seen == {"spark-a", "spark-b"}
+    status, body = call(fleet, {"model": "org/other-model", "prompt": "x"})
+    assert status == 200 and body["server"] == "spark-c"
+    assert "backend model_org_other-model" in fleet["config"]
+
+
+def test_an_unknown_model_gets_a_json_404_and_a_bad_key_a_json_401(fleet):
+    status, body = call(fleet, {"model": "no\"such", "prompt": "x"})
+    assert status == 404 and body["error"]["type"] == "NotFoundError" and 'no"such' in body["error"]["message"], body
+    for key in ("", "wrong-key-0123456789abcdef"):
+        status, body = call(fleet, {"model": "tiny-llama"}, key=key)
+        assert status == 401 and body["error"]["code"] == 401, body
+    assert not any(s.seen.count("Bearer wrong-key-0123456789abcdef") for s in fleet["servers"].values())
+
+
+def test_v1_models_lists_the_fleets_models(fleet):
+    status, body = call(fleet, path="/v1/models")
+    assert status == 200 and sorted(m["id"] for m in body["data"]) == ["org/other-model", "tiny-llama"], body
+
+
+def test_a_server_whose_agent_says_down_leaves_rotation_though_its_health_answers(fleet):
+    agent = fleet["agents"]["spark-a"]
+    agent.word = "down #liveness: stalled (no progress)"
+    try:
+        assert wait_status(fleet, "model_tiny-llama/spark-a", "DOWN").startswith("DOWN")
+        before = len(fleet["servers"]["spark-a"].seen)
+        for _n in range(6):
+            status, body = call(fleet, {"model": "tiny-llama", "prompt": "x"})
+            assert status == 200 and body["server"] == "spark-b", body
+        assert len(fleet["servers"]["spark-a"].seen) == before
+    finally:
+        agent.word = "up #live"
+    assert wait_status(fleet, "model_tiny-llama/spark-a", "UP") == "UP"
+
+
+def balancer(fleet, target, action, model):
+    playbook = fleet["tmp"] / "balancer.yml"
+    playbook.write_text(BALANCER)
+    return harness.run_playbook(playbook, inventory=fleet["inv"], connection=None,
+                                extra_vars={"target": target, "action": action, "served_model": model},
+                                env=harness.ansible_env(stdout_callback=None))
+
+
+def test_the_rollouts_drain_and_return_go_through_the_runtime_api(fleet):
+    proc = balancer(fleet, "spark-b", "out", "tiny-llama")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert wait_status(fleet, "model_tiny-llama/spark-b", "DRAIN").startswith("DRAIN")
+    for _n in range(6):
+        status, body = call(fleet, {"model": "tiny-llama", "prompt": "x"})
+        assert status == 200 and body["server"] == "spark-a", body
+    proc = balancer(fleet, "spark-b", "in", "tiny-llama")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert stats(fleet)["model_tiny-llama/spark-b"]["status"] == "UP"
+
+
+def test_the_configuration_check_refuses_a_broken_file(fleet, tmp_path):
+    broken = tmp_path / "broken.cfg"
+    broken.write_text(fleet["config"].replace("balance leastconn", "balance nosuchalgo", 1))
+    proc = subprocess.run([HAPROXY, "-c", "-q", "-f", str(broken)], capture_output=True, text=True, check=False)
+    assert proc.returncode != 0
+
+
+BAD = {
+    "no-keys": ({"gateway_client_api_keys": []}, "gateway_client_api_keys"),
+    "short-key": ({"gateway_client_api_keys": ["short"]}, "gateway_client_api_keys: 1 key(s)"),
+    "stats-wildcard": ({"gateway_stats_address": "0.0.0.0"}, "gateway_stats_address"),
+    "port": ({"gateway_port": 70000}, "gateway_port"),
+    "tls-missing": ({"gateway_tls_pem": "/nonexistent/gw.pem"}, "gateway_tls_pem"),
+}
+
+
+def test_bad_gateway_settings_are_refused_naming_the_variable(tmp_path):
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    ok = {"gateway_client_api_keys": [CLIENT_KEY]}
+    inventory = {"all": {"children": {
+        "sparks": {"hosts": {"spark-a": dict(local)}},
+        "gateways": {"hosts": {name: dict(local, **dict(ok, **values)) for name, (values, _m) in BAD.items()}}}}}
+    inv = tmp_path / "inventory.json"
+    inv.write_text(json.dumps(inventory))
+    playbook = tmp_path / "bad.yml"
+    playbook.write_text("""
+- hosts: sparks
+  gather_facts: false
+  tasks:
+    - ansible.builtin.set_fact:
+        spark_serve: {model: m, api_key: "", gateway: {host: 127.0.0.1, port: 8000, agent_port: 0}}
+- hosts: gateways
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role:
+        name: sparkops.appliance.gateway
+        tasks_from: validate
+""")
+    doc = harness.play_json(playbook, inventory=inv, connection=None)
+    for name, (_values, message) in BAD.items():
+        failure = harness.host_failure(doc, name)
+        assert failure and message in failure["msg"], (name, failure)
