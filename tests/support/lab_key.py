@@ -26,3 +26,12 @@ def auth_header():
 def curl_auth():
     """The curl arguments that send the key, as one shell-quoted string."""
     return "-H 'Authorization: Bearer %s'" % api_key()
+
+
+GATEWAY_OVERRIDES = os.path.join(os.path.dirname(OVERRIDES), os.pardir, "gateways", "lab_overrides.yml")
+
+
+def gateway_key():
+    """The key a lab client sends to the lab's gateway (its override file's vault_gateway_client_api_keys)."""
+    with open(GATEWAY_OVERRIDES) as handle:
+        return yaml.safe_load(handle)["vault_gateway_client_api_keys"][0]

@@ -1,12 +1,17 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""playbooks/rollout.yml on three lab Sparks serving for real, with a prober sending completions
-to every host that the stand-in load balancer (tasks/lb_hook.yml) lists as in, and polling /health of
-all three, throughout (its log is kept under the scenario's ephemeral directory and summarised).
+"""playbooks/rollout.yml on three lab Sparks serving for real behind a real gateway (the gateway
+role's HAProxy on a lab host of its own), with a prober sending every completion through the gateway
+(none to a host) from three clients at once, and reading the gateway's own view of each server (its
+stats) every 0.5 s, throughout (its log is kept under the scenario's evidence directory and
+summarised: requests, failures, per-server counts, the longest request). rollout.yml drains each host
+through the gateway's runtime API, and through the generic hook too (tasks/lb_hook.yml, a stand-in for
+another balancer, whose log times each host's absence).
 
 - a good rollout (a new image tag, batches [1, 2]) ends with every host on the new tag, never more
-  hosts out of service at once than the current batch, and no failed request to a host outside it;
-- a bad rollout (a new tag plus a tokenizer path the parser accepts but vLLM cannot load) halts
-  after the canary; the canary serves its previous tag again, healthy; the other hosts untouched.
+  hosts out of service at once than the current batch, and 0 failed client requests;
+- a bad rollout (a new tag plus a tokenizer path the parser accepts but vLLM cannot load, on one host
+  of a batch of two) halts after that batch; that host serves its previous tag again, healthy, back in
+  the gateway; the other hosts untouched; 0 failed client requests.
 """
 import json
 import os
@@ -24,9 +29,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIO = os.path.dirname(HERE)
 PROJECT = os.path.dirname(os.path.dirname(SCENARIO))
 sys.path.insert(0, os.path.join(PROJECT, "tests", "support"))
-from lab_key import auth_header  # noqa: E402 (tests/support is put on the path just above)
+from lab_key import auth_header, gateway_key  # noqa: E402 (tests/support is put on the path just above)
 ROLLOUT = os.path.join(PROJECT, "playbooks", "rollout.yml")
 HOSTS = ["sparkops-molecule-rollout-%d" % n for n in (1, 2, 3)]
+GATEWAY = "sparkops-molecule-rollout-gw"
+GATEWAY_PORT, GATEWAY_STATS_PORT = 8080, 8404     # the gateway role's defaults
+BACKEND = "model_tiny-llama"
+CLIENTS = 3                                       # the prober's clients, each one request at a time
 UNIT_FILE = "/etc/systemd/system/sparkops-serve.service"
 STATE_FILE = "/var/lib/sparkops/runtime-image/state.json"
 BASE_EXTRA = ["--enforce-eager", "--distributed-executor-backend", "uni"]   # the lab overrides' serve_extra_args
@@ -90,12 +99,33 @@ def request(url, body=None, timeout=60):
         return resp.status, resp.read()
 
 
+def gateway_status(timeout=5):
+    """{server: status} of the tiny Llama's backend, as the gateway sees it (its stats page, CSV)."""
+    url = "http://%s:%d/stats;csv" % (address(GATEWAY), GATEWAY_STATS_PORT)
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (lab address)
+        rows = resp.read().decode().lstrip("# ").splitlines()
+    header = rows[0].split(",")
+    out = {}
+    for line in rows[1:]:
+        row = dict(zip(header, line.split(",")))
+        if row.get("pxname") == BACKEND and row.get("svname") not in ("FRONTEND", "BACKEND"):
+            out[row["svname"]] = row["status"]
+    return out
+
+
+def through_gateway(body, timeout=60):
+    """A completion through the gateway with the gateway's client key: (status, body, the server that answered)."""
+    req = urllib.request.Request("http://%s:%d/v1/completions" % (address(GATEWAY), GATEWAY_PORT), data=json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer %s" % gateway_key(), "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (lab address)
+        return resp.status, resp.read(), resp.headers.get("X-Sparkops-Server", "")
+
+
 class Prober:
-    """Completions to the hosts the stand-in balancer lists as in; /health of every host."""
+    """Completions through the gateway from CLIENTS clients; the gateway's view of each server."""
 
     def __init__(self, lb_dir, log_path):
         self.lb_dir, self.log_path = lb_dir, log_path
-        self.urls = dict((h, "http://%s:8000" % address(h)) for h in HOSTS)
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.records = []
@@ -113,49 +143,32 @@ class Prober:
             with open(self.log_path, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
 
-    def completions(self, host):
+    def completions(self, client):
         while not self.stop.is_set():
-            if self.lb(host) == "out":
-                time.sleep(0.2)
-                continue
-            start = time.time()
+            start, server = time.time(), ""
             try:
-                status, body = request(self.urls[host] + "/v1/completions",
-                                       {"model": "tiny-llama", "prompt": "hello", "max_tokens": 4})
+                status, body, server = through_gateway({"model": "tiny-llama", "prompt": "hello", "max_tokens": 4})
                 ok = status == 200 and bool(json.loads(body)["choices"])
                 error = ""
-            except Exception as exc:   # a refused or dropped connection is what is counted here
+            except Exception as exc:   # a refused or dropped connection, an error answer: what is counted here
                 ok, error = False, str(exc)[:200]
-            self.log({"kind": "completion", "host": host, "start": start, "end": time.time(), "ok": ok,
-                      "error": error, "lb_at_end": self.lb(host)})
+            self.log({"kind": "completion", "client": client, "host": server, "start": start, "end": time.time(), "ok": ok,
+                      "error": error})
             self.stop.wait(COMPLETION_PAUSE_S)
-
-    def healthy(self, host):
-        """Down is a refused connection or an answer other than 200. A probe that only timed out
-        (a server that is up but slow on a busy machine: CI once counted one such sample as a
-        second host down) is asked once more, patiently, before the host counts as down."""
-        url = self.urls[host] + "/health"
-        for timeout in (2, 15):
-            try:
-                status, _body = request(url, timeout=timeout)
-            except Exception as exc:   # socket.timeout is TimeoutError; urlopen may wrap it in URLError
-                if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
-                    continue
-                return False
-            return status == 200
-        return False
 
     def health(self):
         while not self.stop.is_set():
-            down = []
-            for host in HOSTS:
-                if not self.healthy(host):
-                    down.append(host)
-            self.log({"kind": "health", "t": time.time(), "down": down, "out": [h for h in HOSTS if self.lb(h) == "out"]})
+            try:
+                status = gateway_status()
+            except Exception as exc:   # the gateway's own stats not answering is a finding too
+                status = {"error": str(exc)[:200]}
+            self.log({"kind": "health", "t": time.time(), "status": status,
+                      "down": [h for h in HOSTS if status.get(h) != "UP"],
+                      "out": [h for h in HOSTS if self.lb(h) == "out"]})
             time.sleep(0.5)
 
     def __enter__(self):
-        self.threads = [threading.Thread(target=self.completions, args=(h,), daemon=True) for h in HOSTS]
+        self.threads = [threading.Thread(target=self.completions, args=(n,), daemon=True) for n in range(CLIENTS)]
         self.threads.append(threading.Thread(target=self.health, daemon=True))
         for thread in self.threads:
             thread.start()
@@ -172,8 +185,10 @@ class Prober:
         return {
             "completions": len(comps),
             "failed": len([r for r in comps if not r["ok"]]),
-            "per_host": dict((h, len([r for r in comps if r["host"] == h])) for h in HOSTS),
-            "health_samples": len(health),
+            "errors": sorted(set(r["error"] for r in comps if not r["ok"]))[:5],
+            "per_host": dict((h, len([r for r in comps if r["ok"] and r["host"] == h])) for h in HOSTS),
+            "max_latency_s": round(max([r["end"] - r["start"] for r in comps] or [0]), 2),
+            "gateway_samples": len(health),
             "max_down_at_once": max([len(r["down"]) for r in health] or [0]),
         }
 
@@ -255,17 +270,16 @@ def test_a_good_rollout_moves_every_host_to_the_new_tag_batch_by_batch(lb_dir, t
     """rollout_serial [1, 2]: the canary alone, then the other two together (a batch of more than one
     host; the default [1, '25%'] cuts 3 hosts into 1+1+1, which the filter's unit tests cover)."""
     assert len(set(tags["before"].values())) == 1, tags
-    proc, prober, summary = rollout(lb_dir, "good", {"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "good"},
+    proc, _prober, summary = rollout(lb_dir, "good", {"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "good"},
                                                      "rollout_serial": [1, 2]})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     after = dict((h, unit_image(h)) for h in HOSTS)
     assert len(set(after.values())) == 1 and set(after.values()) != set(tags["before"].values()), after
-    # no failed request to a host outside the current batch (hosts the balancer listed as in)
-    for record in prober.records:
-        if record["kind"] == "completion" and not record["ok"]:
-            assert record["lb_at_end"] == "out", record
+    # every request through the gateway answered, and every server answered some
+    assert summary["failed"] == 0, summary
     assert all(count > 0 for count in summary["per_host"].values()), summary
+    assert gateway_status() == dict((h, "UP") for h in HOSTS)
     spans = out_intervals(lb_dir)
     assert sorted(spans) == sorted(HOSTS), spans
     for host in HOSTS:
@@ -275,9 +289,7 @@ def test_a_good_rollout_moves_every_host_to_the_new_tag_batch_by_batch(lb_dir, t
     order = sorted(HOSTS, key=lambda h: spans[h][0][0])
     canary, second = order[0], order[1:]
     assert all(spans[canary][0][1] <= spans[h][0][0] for h in second), spans
-    # never more hosts out of service at once than the largest batch (/health polled every 0.5 s;
-    # a host outside the batch may miss one 2 s /health deadline on this busy machine, so the
-    # per-host proof is the completions above, which a host outside the batch never failed)
+    # never more hosts out of the gateway's rotation at once than the largest batch
     assert summary["max_down_at_once"] <= 2, summary
 
 
@@ -293,7 +305,7 @@ def test_a_failure_in_a_batch_of_two_puts_that_host_back_and_halts(lb_dir):
     untouched = sh(later, "sha256sum %s %s; stat -c %%Y %s" % (UNIT_FILE, STATE_FILE, UNIT_FILE)).stdout
     bad_args = "{{ %s + (['--tokenizer', '/nonexistent/tokenizer'] if inventory_hostname == %r else []) }}" % (
         json.dumps(BASE_EXTRA), failing)
-    proc, prober, summary = rollout(lb_dir, "bad", {
+    proc, _prober, summary = rollout(lb_dir, "bad", {
         "runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "bad"}, "rollout_serial": [2, 1], "serve_extra_args": bad_args})
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
@@ -318,9 +330,9 @@ def test_a_failure_in_a_batch_of_two_puts_that_host_back_and_halts(lb_dir):
         with open(os.path.join(lb_dir, host)) as handle:
             assert handle.read().strip() == "in", host
     assert sh(later, "sha256sum %s %s; stat -c %%Y %s" % (UNIT_FILE, STATE_FILE, UNIT_FILE)).stdout == untouched
-    for record in prober.records:
-        if record["kind"] == "completion" and not record["ok"]:
-            assert record["host"] in (first, failing) and record["lb_at_end"] == "out", record
+    # every request through the gateway answered; both back in its rotation
+    assert summary["failed"] == 0, summary
+    assert gateway_status() == dict((h, "UP") for h in HOSTS)
     assert summary["max_down_at_once"] <= 2, summary
 
 
@@ -437,11 +449,12 @@ def test_a_rollout_interrupted_after_the_unit_write_ends_served_and_back_in_rota
     state = json.loads(sh(host, "cat %s" % ROLLOUT_STATE).stdout)
     assert state["drained"] is True, state
     assert lb_state(lb_dir, host) == "out"
+    assert gateway_status()[host].startswith("DRAIN")     # the gateway's drain too (HAProxy says "DRAIN (agent)")
     invocation_after_kill = invocation(host)
     good_before = json.loads(sh(host, "cat %s" % GOOD_RECORD).stdout)
     assert good_before["image"] == image_before, good_before
 
-    proc, prober, summary = rollout(lb_dir, "interrupted-again", extra, limit=host, reset=False)
+    proc, _prober, summary = rollout(lb_dir, "interrupted-again", extra, limit=host, reset=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "restarts: an earlier rollout left this host drained" in out, out[-4000:]
@@ -455,9 +468,8 @@ def test_a_rollout_interrupted_after_the_unit_write_ends_served_and_back_in_rota
     assert status == 200 and json.loads(body)["choices"], host
     # the server that answers was started by the second run (systemd's id of the unit's current start)
     assert invocation(host) != invocation_after_kill
-    for record in prober.records:
-        if record["kind"] == "completion" and not record["ok"]:
-            assert record["host"] == host and record["lb_at_end"] == "out", record
+    assert summary["failed"] == 0, summary
+    assert gateway_status()[host] == "UP"
 
 
 VERIFY = os.path.join(PROJECT, "playbooks", "verify.yml")
@@ -615,7 +627,7 @@ def test_a_checkpoint_revision_is_staged_by_site_yml_and_served_only_after_the_r
     assert completion_text(host) == before_text
     assert digest(host, CHECKPOINT_DIR) == before_files
 
-    proc, prober, _summary = rollout(lb_dir, "checkpoint-r2", release_vars("r2"), limit=host)
+    proc, _prober, summary = rollout(lb_dir, "checkpoint-r2", release_vars("r2"), limit=host)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert json.loads(sh(host, "cat %s/.sparkops-manifest.json" % CHECKPOINT_DIR).stdout)["revision"] == "r2"
@@ -624,6 +636,5 @@ def test_a_checkpoint_revision_is_staged_by_site_yml_and_served_only_after_the_r
     # the plan it serves was measured from r2 (the staged copy), not from the copy served before the switch
     assert json.loads(sh(host, "cat %s" % REPORT).stdout)["plan"]["inputs"]["weight_bytes"] >= weights_r1 + R2_GROWTH
     assert lb_state(lb_dir, host) == "in"
-    for record in prober.records:
-        if record["kind"] == "completion" and not record["ok"]:
-            assert record["host"] == host and record["lb_at_end"] == "out", record
+    assert summary["failed"] == 0, summary
+    assert gateway_status()[host] == "UP"

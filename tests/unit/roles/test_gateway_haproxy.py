@@ -211,7 +211,10 @@ def call(box, body=None, key=CLIENT_KEY, path="/v1/completions"):
     req = urllib.request.Request(box["base"] + path, data=data, headers=headers)
     try:
         with _NO_PROXY.open(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
+            body = json.loads(resp.read())
+            if isinstance(body, dict) and "server" in body:     # the gateway names the server that answered
+                assert resp.headers["X-Sparkops-Server"] == body["server"], dict(resp.headers)
+            return resp.status, body
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
 
