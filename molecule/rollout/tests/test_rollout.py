@@ -13,6 +13,7 @@ another balancer, whose log times each host's absence).
   of a batch of two) halts after that batch; that host serves its previous tag again, healthy, back in
   the gateway; the other hosts untouched; 0 failed client requests.
 """
+import csv
 import json
 import os
 import re
@@ -638,3 +639,73 @@ def test_a_checkpoint_revision_is_staged_by_site_yml_and_served_only_after_the_r
     assert lb_state(lb_dir, host) == "in"
     assert summary["failed"] == 0, summary
     assert gateway_status()[host] == "UP"
+
+
+ENGINE_STOP = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^VLLM::EngineCore' "
+               "&& kill -STOP ${p#/proc/} && echo stopped ${p#/proc/}; done")
+
+
+def gateway_row(host):
+    """The gateway's stats row of one server (status, check_status, last_agt: the agent's last word)."""
+    url = "http://%s:%d/stats;csv" % (address(GATEWAY), GATEWAY_STATS_PORT)
+    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 (lab address)
+        rows = resp.read().decode().lstrip("# ").splitlines()
+    header = rows[0].split(",")
+    for line in rows[1:]:
+        row = dict(zip(header, next(csv.reader([line]))))
+        if row.get("pxname") == BACKEND and row.get("svname") == host:
+            return row
+    raise AssertionError("no %s/%s on the gateway's stats page" % (BACKEND, host))
+
+
+def until(what, timeout, poll=0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(poll)
+    return what()
+
+
+def test_a_server_killed_hard_or_stalled_leaves_the_gateway_and_comes_back(lb_dir):
+    """Through the gateway, three clients: one server's vLLM container killed hard (docker kill), then
+    the same server's engine stopped with SIGSTOP (its /health still 200, its completions hanging). The
+    gateway stops routing to the killed one within its check bound (inter 2 s x fall 3; the requests it
+    had are sent again to another server) and to the stalled one once liveness judges it stalled (its
+    agent check says so while /health still answers); both times systemd starts it again and the
+    gateway puts it back. The failed client requests are counted; at most those in flight when the server
+    died (the gateway sends a request whose connection was refused or closed unanswered again)."""
+    host = HOSTS[2]
+    container = "sparkops-vllm-%s" % host
+    reset_lb(lb_dir)
+    log_path = evidence("gateway-drills-prober.jsonl")
+    if os.path.exists(log_path):
+        os.remove(log_path)
+    measured = {}
+    with Prober(lb_dir, log_path) as prober:
+        time.sleep(5)
+        assert gateway_status() == dict((h, "UP") for h in HOSTS)
+        killed = time.monotonic()
+        assert docker("kill", container).returncode == 0
+        assert until(lambda: gateway_status()[host] != "UP", 60)
+        measured["killed_out_s"] = round(time.monotonic() - killed, 1)
+        assert until(lambda: gateway_status()[host] == "UP", 900, poll=2)
+        measured["killed_back_s"] = round(time.monotonic() - killed, 1)
+        time.sleep(5)
+        r = docker("exec", container, "sh", "-c", ENGINE_STOP)
+        assert "stopped" in r.stdout, (r.stdout, r.stderr)
+        stalled = time.monotonic()
+        row = until(lambda: (lambda r: r if r["status"] != "UP" else None)(gateway_row(host)), 300)
+        measured["stalled_out_s"] = round(time.monotonic() - stalled, 1)
+        measured["stalled_out_by"] = row["last_agt"]
+        # out by the agent's word, liveness's verdict (its /health may have stopped answering in the same
+        # second: liveness stops the server right after its verdict)
+        assert "liveness: stalled" in row["last_agt"] or "activating" in row["last_agt"], row
+        assert until(lambda: gateway_status()[host] == "UP", 900, poll=2)
+        measured["stalled_back_s"] = round(time.monotonic() - stalled, 1)
+        time.sleep(3)
+    summary = dict(prober.summary(), **measured)
+    print("gateway drills: %s" % json.dumps(summary))
+    assert summary["failed"] <= CLIENTS, summary
+    assert measured["killed_out_s"] <= 2 * 3 + 5, measured       # inter x fall, plus the stats poll and a busy machine
