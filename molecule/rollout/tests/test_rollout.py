@@ -272,7 +272,7 @@ def test_a_good_rollout_moves_every_host_to_the_new_tag_batch_by_batch(lb_dir, t
     host; the default [1, '25%'] cuts 3 hosts into 1+1+1, which the filter's unit tests cover)."""
     assert len(set(tags["before"].values())) == 1, tags
     proc, _prober, summary = rollout(lb_dir, "good", {"runtime_image_env": {"SPARKOPS_LAB_ROLLOUT": "good"},
-                                                     "rollout_serial": [1, 2]})
+                                                      "rollout_serial": [1, 2]})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     after = dict((h, unit_image(h)) for h in HOSTS)
@@ -658,6 +658,11 @@ def gateway_row(host):
     raise AssertionError("no %s/%s on the gateway's stats page" % (BACKEND, host))
 
 
+def out_of_rotation(row):
+    """The row when the gateway does not route to that server, else None."""
+    return row if row["status"] != "UP" else None
+
+
 def until(what, timeout, poll=0.5):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -696,7 +701,7 @@ def test_a_server_killed_hard_or_stalled_leaves_the_gateway_and_comes_back(lb_di
         r = docker("exec", container, "sh", "-c", ENGINE_STOP)
         assert "stopped" in r.stdout, (r.stdout, r.stderr)
         stalled = time.monotonic()
-        row = until(lambda: (lambda r: r if r["status"] != "UP" else None)(gateway_row(host)), 300)
+        row = until(lambda: out_of_rotation(gateway_row(host)), 300)
         measured["stalled_out_s"] = round(time.monotonic() - stalled, 1)
         measured["stalled_out_by"] = row["last_agt"]
         # out by the agent's word, liveness's verdict (its /health may have stopped answering in the same

@@ -174,7 +174,7 @@ def fleet_fixture(tmp_path_factory):
     text = config.read_text().replace("    chroot /var/lib/haproxy\n", "").replace("    user haproxy\n", "").replace("    group haproxy\n", "")
     run_config = tmp / "run.cfg"
     run_config.write_text(text)
-    log = open(tmp / "haproxy.log", "w")   # pylint: disable=consider-using-with (closed at the end)
+    log = open(tmp / "haproxy.log", "w")   # pylint: disable=consider-using-with
     proc = subprocess.Popen([HAPROXY, "-db", "-f", str(run_config)], stdout=log, stderr=subprocess.STDOUT)
     box = {"tmp": tmp, "inv": inv, "servers": servers, "agents": agents, "port": port, "stats_port": stats_port,
            "config": config.read_text(), "proc": proc, "base": "http://127.0.0.1:%d" % port}
