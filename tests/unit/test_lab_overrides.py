@@ -83,3 +83,17 @@ def test_the_production_scenario_uses_the_lab_inventory_vars():
     link = scenario["provisioner"]["inventory"]["links"]["group_vars"]
     target = os.path.normpath(os.path.join(ROOT, "molecule", "production", link))
     assert target == os.path.join(ROOT, "inventories", "lab", "group_vars")
+
+
+# The lab's gateway: the example's group_vars/gateways as they are, plus its own override file, which
+# may hold only the key a user would vault (a lab gateway lacks nothing else).
+GATEWAY_VARS = os.path.join(ROOT, "inventories", "lab", "group_vars", "gateways")
+GATEWAY_ALLOWED = {"vault_gateway_client_api_keys"}
+
+
+def test_the_lab_gateway_is_the_example_plus_only_its_vault():
+    assert sorted(os.listdir(GATEWAY_VARS)) == ["example.yml", "lab_overrides.yml"]
+    example = os.path.join(GATEWAY_VARS, "example.yml")
+    assert os.path.realpath(example) == os.path.join(ROOT, "inventories", "example", "group_vars", "gateways", "main.yml")
+    with open(os.path.join(GATEWAY_VARS, "lab_overrides.yml")) as handle:
+        assert set(yaml.safe_load(handle)) <= GATEWAY_ALLOWED

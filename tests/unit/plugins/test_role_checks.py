@@ -233,16 +233,25 @@ def test_the_literal_defaults_the_example_and_the_lab_pass_their_checks_but_the_
             defaults.update(_literal_values(os.path.join('roles', role, 'defaults', 'main.yml')))
     # closed by default: the roles' defaults and the example as shipped (its vault.yml's key empty)
     # are refused for the one reason, the API key on a wildcard bind, and the fix names the vault
+    # (and the gateway's client keys: it is closed by default too)
     closed = input_problems(defaults, OPTIONS, CHECKS)
-    assert len(closed) == 1 and closed[0].startswith("serve_api_key = <hidden: no_log>: empty") and "vault_serve_api_key" in closed[0]
+    assert len(closed) == 2, closed
+    assert closed[0].startswith("gateway_client_api_keys = <hidden: no_log>: empty") and "vault_gateway_client_api_keys" in closed[0]
+    assert closed[1].startswith("serve_api_key = <hidden: no_log>: empty") and "vault_serve_api_key" in closed[1]
     example = dict(defaults, **_literal_values('inventories/example/group_vars/sparks/main.yml'))
+    example.update(_literal_values('inventories/example/group_vars/gateways/main.yml'))
     vault = _literal_values('inventories/example/group_vars/sparks/vault.yml', everything=True)
     assert vault == {'vault_serve_api_key': ''}
+    gateway_vault = _literal_values('inventories/example/group_vars/gateways/vault.yml', everything=True)
+    assert gateway_vault == {'vault_gateway_client_api_keys': []}
     example['serve_api_key'] = vault['vault_serve_api_key']
+    example['gateway_client_api_keys'] = gateway_vault['vault_gateway_client_api_keys']
     assert input_problems(example, OPTIONS, CHECKS) == closed
     overrides = _literal_values('inventories/lab/group_vars/sparks/lab_overrides.yml', everything=True)
     lab = dict(example, **_literal_values('inventories/lab/group_vars/sparks/lab_overrides.yml'))
     lab['serve_api_key'] = overrides['vault_serve_api_key']
+    lab['gateway_client_api_keys'] = _literal_values('inventories/lab/group_vars/gateways/lab_overrides.yml',
+                                                     everything=True)['vault_gateway_client_api_keys']
     assert lab['serve_extra_args'] == ['--enforce-eager', '--distributed-executor-backend', 'uni']
     assert input_problems(lab, OPTIONS, CHECKS) == []
     with open(os.path.join(COLLECTION_ROOT, 'molecule', 'serve', 'molecule.yml')) as handle:
