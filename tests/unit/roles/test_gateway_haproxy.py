@@ -119,15 +119,6 @@ PLAY = """
 """
 
 BALANCER = """
-- name: The gateway notes its runtime API
-  hosts: gateways
-  gather_facts: false
-  tasks:
-    - name: facts
-      ansible.builtin.include_role:
-        name: sparkops.appliance.gateway
-        tasks_from: facts
-
 - name: A serving host leaves or rejoins the gateway, as the rollout does it
   hosts: "{{ target }}"
   gather_facts: false
@@ -151,10 +142,14 @@ def fleet_fixture(tmp_path_factory):
     agents = {name: Agent() for name in servers}
     models = {"spark-a": "tiny-llama", "spark-b": "tiny-llama", "spark-c": "org/other-model"}
     port, stats_port = free_port(), free_port()
+    # the runtime API is /run/<unit>/admin.sock (systemd's RuntimeDirectory on a gateway): a unit
+    # name of this test's own, its folder made here
+    unit = "sparkops-gateway-test-%d" % os.getpid()
+    os.makedirs("/run/" + unit, exist_ok=True)
     config_dir = tmp / "etc"
     gateway_vars = {"gateway_config_dir": str(config_dir), "gateway_port": port, "gateway_bind_address": "127.0.0.1",
                     "gateway_stats_address": "127.0.0.1", "gateway_stats_port": stats_port,
-                    "gateway_admin_socket": str(tmp / "admin.sock"), "gateway_client_api_keys": [CLIENT_KEY],
+                    "spark_gateway_unit_name": unit, "gateway_client_api_keys": [CLIENT_KEY],
                     "gateway_check_inter_s": 1, "gateway_agent_inter_s": 1, "gateway_check_fall": 2, "gateway_check_rise": 1}
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     inventory = {"all": {"children": {
@@ -191,6 +186,7 @@ def fleet_fixture(tmp_path_factory):
     proc.terminate()
     proc.wait(timeout=10)
     log.close()
+    shutil.rmtree("/run/" + unit, ignore_errors=True)
 
 
 def stats(box):
