@@ -47,7 +47,7 @@ One check may hold several of these keys; each failing key gives its own message
 - fields: {field: {required: bool, pattern: NAME}} of a mapping, or of each mapping in a list,
   and with only_fields: true no other key;
 - greater_than, at_least, less_than, at_most (numbers), equal_to, differs_from (paths compared
-  without a trailing /): another option, by name;
+  without a trailing /, numbers by value): another option, by name;
 - not_directly_in: another option, a directory: the value (a path) is not a file directly in it;
   with file_pattern: NAME only a file whose name matches PATTERNS[NAME] is refused there;
 - refuse_flags (a list of command-line arguments): entries {flag: one or a list, owner, reason,
@@ -643,6 +643,8 @@ def _relation_checks(check, name, value, resolve):
         there = resolve(check['differs_from'])
         if isinstance(there, str) and isinstance(value, str) and (value.rstrip('/') or '/') == (there.rstrip('/') or '/'):
             out.append(('the same as %s (%s)' % (check['differs_from'], show(there)), 'give it a path of its own'))
+        elif _as_number(value) is not None and there is not UNKNOWN and _as_number(there) == _as_number(value):
+            out.append(('the same as %s (%s)' % (check['differs_from'], show(there)), 'give it a value of its own'))
     if check.get('not_directly_in'):
         there = resolve(check['not_directly_in'])
         pattern = check.get('file_pattern')

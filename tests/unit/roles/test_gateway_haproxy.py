@@ -299,6 +299,7 @@ BAD = {
     "short-key": ({"gateway_client_api_keys": ["short"]}, "gateway_client_api_keys: 1 key(s)"),
     "stats-wildcard": ({"gateway_stats_address": "0.0.0.0"}, "gateway_stats_address"),
     "port": ({"gateway_port": 70000}, "gateway_port"),
+    "stats-port": ({"gateway_stats_port": 8080}, "gateway_stats_port = 8080: the same as gateway_port"),
     "tls-missing": ({"gateway_tls_pem": "/nonexistent/gw.pem"}, "gateway_tls_pem"),
 }
 
