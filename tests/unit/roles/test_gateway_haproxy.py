@@ -304,6 +304,35 @@ BAD = {
 }
 
 
+def test_a_fleet_with_a_server_outside_the_run_is_refused(tmp_path):
+    """A run limited to some Sparks (their spark_serve facts not noted) would render a gateway without
+    the others: refused, naming them and the fix."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"all": {"children": {
+        "sparks": {"hosts": {"spark-a": dict(local), "spark-b": dict(local)}},
+        "gateways": {"hosts": {"gw": dict(local, gateway_client_api_keys=[CLIENT_KEY])}}}}}
+    inv = tmp_path / "inventory.json"
+    inv.write_text(json.dumps(inventory))
+    playbook = tmp_path / "limited.yml"
+    playbook.write_text("""
+- hosts: sparks
+  gather_facts: false
+  tasks:
+    - ansible.builtin.set_fact:
+        spark_serve: {model: m, api_key: "", gateway: {host: 127.0.0.1, port: 8000, agent_port: 0}}
+      when: inventory_hostname == 'spark-a'
+- hosts: gateways
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role:
+        name: sparkops.appliance.gateway
+        tasks_from: validate
+""")
+    doc = harness.play_json(playbook, inventory=inv, connection=None)
+    failure = harness.host_failure(doc, "gw")
+    assert failure and "spark-b: no spark_serve fact" in failure["msg"] and "--limit" in failure["msg"], failure
+
+
 def test_bad_gateway_settings_are_refused_naming_the_variable(tmp_path):
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     ok = {"gateway_client_api_keys": [CLIENT_KEY]}
