@@ -84,9 +84,11 @@ runtime-image: lab-image
 lab-model: runtime-image
 	test -f $(LAB_MODEL_DIR)/model.safetensors || lab/runtime/make_model.sh $(LAB_MODEL_DIR)
 
-## rsync: the checkpoint role's peer source pulls with it, and its unit test runs a real one
+## rsync: the checkpoint role's peer source pulls with it, and its unit test runs a real one;
+## promtool (Debian's prometheus): the monitoring role's rule tests run the real one
 deps: $(DEPS_STAMP)
 	@command -v rsync >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync >/dev/null; }
+	@command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 $(DEPS_STAMP): requirements.txt requirements-test.txt
 	$(PYTHON) -m pip install -q -r requirements-test.txt
 	@mkdir -p build && rm -f build/.deps-* && touch $@
