@@ -2,9 +2,11 @@
 value is refused with a message naming the variable, on the controller, before any host change.
 
 One ansible-playbook start checks every case (harness.batch_inventory: one local host per case)."""
+import os
+
 import pytest
 
-from harness import batch_inventory, host_results, play_json
+from harness import ROOT, batch_inventory, host_results, play_json
 
 PLAY = """
 - name: Validate
@@ -68,3 +70,22 @@ def test_bad_value_is_refused_naming_it(batch, extra, message):
 @pytest.mark.parametrize("host", ["good", "defaults"])
 def test_defaults_and_good_values_pass(batch, host):
     assert validate(batch, host) == (False, "")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"monitoring_prometheus_retention": "forever"}, 'monitoring_prometheus_retention = "forever": not a Prometheus duration'),
+    ({"monitoring_alertmanager_webhook_url": "https://hooks.example/x", "monitoring_alertmanager_port": 9090},
+     "monitoring_prometheus_port and monitoring_alertmanager_port are both 9090"),
+])
+def test_site_refuses_a_bad_setting_in_its_first_play_before_any_connection(extra, message):
+    """The example inventory (its monitors group: spark-01) with one bad monitoring setting: every host
+    fails in the first play, on the controller, before facts are gathered."""
+    doc = play_json(os.path.join(ROOT, "playbooks", "site.yml"), inventory=os.path.join(ROOT, "inventories", "example"),
+                    extra_vars=dict(extra, vault_serve_api_key="not-a-secret"), connection=None)
+    assert set(doc["stats"]) == {"spark-01", "spark-02", "spark-03", "spark-pa-head", "spark-pa-worker"}
+    for host, stats in doc["stats"].items():
+        assert stats["failures"] == 1 and stats["unreachable"] == 0 and stats["changed"] == 0, (host, stats)
+    tasks = [task for _play, task, _r in host_results(doc, "spark-01")]
+    assert "Gather facts" not in tasks
+    messages = [r.get("msg", "") for _p, _t, r in host_results(doc, "spark-01") if r.get("failed")]
+    assert any(message in m for m in messages), messages
