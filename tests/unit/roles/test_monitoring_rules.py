@@ -322,3 +322,12 @@ def test_the_listen_addresses_are_the_management_address():
     prom = render("prometheus.default.j2", ansible_host="192.0.2.50", monitoring_prometheus_retention="30d")
     (args,) = [line for line in prom.splitlines() if line.startswith("ARGS=")]
     assert "--web.listen-address=192.0.2.50:9090 " in args and "--storage.tsdb.retention.time=30d\"" in args
+
+
+@pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool is not installed (Debian's prometheus-alertmanager)")
+def test_the_alertmanager_configuration_passes_amtool(tmp_path):
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(render("alertmanager.yml.j2", monitoring_alertmanager_webhook_url="https://hooks.example/alert"))
+    result = subprocess.run(["amtool", "check-config", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert yaml.safe_load(path.read_text())["receivers"][0]["webhook_configs"] == [{"url": "https://hooks.example/alert"}]
