@@ -85,10 +85,12 @@ lab-model: runtime-image
 	test -f $(LAB_MODEL_DIR)/model.safetensors || lab/runtime/make_model.sh $(LAB_MODEL_DIR)
 
 ## rsync: the checkpoint role's peer source pulls with it, and its unit test runs a real one;
-## haproxy: the gateway role's unit test runs Debian's (its configuration, its runtime API)
+## haproxy: the gateway role's unit test runs Debian's (its configuration, its runtime API);
+## promtool (Debian's prometheus): the monitoring role's rule tests run the real one
 deps: $(DEPS_STAMP)
 	@command -v rsync >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync >/dev/null; }
 	@test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
+	@command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 $(DEPS_STAMP): requirements.txt requirements-test.txt
 	$(PYTHON) -m pip install -q -r requirements-test.txt
 	@mkdir -p build && rm -f build/.deps-* && touch $@

@@ -375,6 +375,7 @@ PATTERNS = {
     'ib_hca': (r'[A-Za-z0-9_:,^=-]+', 'an NCCL_IB_HCA value such as mlx5_0,mlx5_1'),
     'cluster_name': (r'[A-Za-z0-9][A-Za-z0-9_.-]*', 'a plain name (letters, digits, _ . -)'),
     'port_name': (r'[a-z_]+_port', 'a name ending in _port'),
+    'prom_duration': (r'([0-9]+(ms|s|m|h|d|w|y))+', 'a Prometheus duration such as 15d or 12h30m'),
     'port': (r'[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]', 'a port number from 1 to 65535'),
 }
 UNKNOWN = object()

@@ -96,6 +96,19 @@ def test_verify_yml_reports(host, invocation):
     assert host.check_output("systemctl show -p InvocationID --value %s" % UNIT) == invocation
 
 
+def test_status_yml_says_the_spark_is_healthy(host, invocation):
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, out = playbook("status.yml", "-e", json.dumps({"status_report_dir": tmp}))
+        assert rc == 0, out[-4000:]
+        with open(os.path.join(tmp, "status.json")) as handle:
+            (row,) = json.load(handle)
+    assert (row["host"], row["kind"], row["state"], row["liveness"], row["memwatch"]) == (NAME, "single", "active", "live", "active")
+    assert row["problems"] == [] and row["actual_kv_gib"] > 0 and row["plan_kv_gib"] > 0 and row["image"]
+    assert row["mem_available_gib"] > row["memwatch_available_lt_gib"] > 0
+    assert recap(out)[NAME]["failed"] == 0 and not changed_on_the_spark(out), out[-3000:]
+    assert host.check_output("systemctl show -p InvocationID --value %s" % UNIT) == invocation
+
+
 @pytest.mark.parametrize("tag", ["serve", "memwatch"])
 def test_site_yml_one_phase_by_its_tag(host, invocation, tag):
     """--tags <phase>: the first play (tagged always) checks every input, then only that phase runs."""

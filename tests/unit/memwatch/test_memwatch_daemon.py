@@ -349,3 +349,16 @@ def test_kmsg_source_counts_by_sequence_number_across_restarts(mw):
     assert again < first
     saved["boot_id"] = "another-boot"           # after a reboot the sequence starts over
     assert mw.KernelLog(cfg, saved).poll() >= first
+
+
+def test_metrics_carry_the_configured_thresholds(mw, lab):
+    """The monitoring alerts compare MemAvailable with memwatch's own thresholds (docs/monitoring.md)."""
+    dog = lab.watchdog(mw, available_lt_gib=6.5, available_and_free_available_lt_gib=11,
+                       available_and_free_free_lt_gib=2.25)
+    drive(dog, lab, [(60, 30)])
+    m = lab.metrics()
+    thresholds = dict((dict(labels)["rule"] + "/" + dict(labels)["field"], value)
+                      for (name, labels), value in m.items() if name == "memwatch_rule_threshold_bytes")
+    assert thresholds == {"available/MemAvailable": 6.5 * 1024 ** 3,
+                          "available_and_free/MemAvailable": 11 * 1024 ** 3,
+                          "available_and_free/MemFree": 2.25 * 1024 ** 3}
