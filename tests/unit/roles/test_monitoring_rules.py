@@ -280,7 +280,8 @@ def scrape_config(tmp_path, **overrides):
     rules_file.write_text(render("rules.yml.j2"))
     hostvars = {h: dict(v, inventory_hostname=h) for h, v in FLEET.items()}
     hostvars["mon"] = {"ansible_host": "192.0.2.50", "inventory_hostname": "mon"}
-    text = render("prometheus.yml.j2", hostvars=hostvars, groups={"sparks": sorted(FLEET), "monitors": ["mon"]},
+    hostvars["gw"] = {"ansible_host": "192.0.2.5", "inventory_hostname": "gw"}
+    text = render("prometheus.yml.j2", hostvars=hostvars, groups={"sparks": sorted(FLEET), "monitors": ["mon"], "gateways": ["gw"]},
                   monitoring_prometheus_rules_file=str(rules_file), ansible_host="192.0.2.50", **overrides)
     path = tmp_path / "prometheus.yml"
     path.write_text(text)
@@ -302,6 +303,7 @@ def test_prometheus_scrapes_every_node_exporter_and_every_server_but_a_worker(tm
     assert targets(config, "vllm") == {
         "spark-01": (["192.0.2.11:8000"], "single"), "spark-02": (["192.0.2.12:8080"], "single"),
         "spark-pa-head": (["192.0.2.21:8000"], "head")}
+    assert targets(config, "gateway") == {"gw": (["192.0.2.5:8404"], "gateway")}
     assert config["rule_files"] == [str(tmp_path / "rules.yml")]
     assert "alerting" not in config
 
