@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+# -*- coding: utf-8 -*-
 # Copyright: sparkops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """One reading of a Spark for playbooks/status.yml, in one remote call: the serving (or Ray) unit,
