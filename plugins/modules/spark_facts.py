@@ -374,6 +374,9 @@ _UNIT_PROPERTIES = ("Id", "LoadState", "FragmentPath")
 def _unit_props(module, names):
     """{unit: {property: value}} from one `systemctl show`; {} when systemd cannot be asked."""
     systemctl = module.get_bin_path("systemctl")
+    # a template without an instance (name@.service) has no properties to show, and one such name
+    # fails the whole call: those are left to their files
+    names = [name for name in names if "@." not in name]
     if not names or systemctl is None:
         return {}
     rc, out, _err = module.run_command([systemctl, "show", "--property=" + ",".join(_UNIT_PROPERTIES), "--"] + names)

@@ -197,6 +197,10 @@ def test_files_and_folders_someone_else_has_are_refused(host):
 SYSTEMCTL = r"""[ "$1" = show ] || exit 2
 shift 2
 for u in "$@"; do
+  # as systemd: a template without an instance fails the whole call
+  case "$u" in *@.*) echo "Failed to get properties: Unit name $u is missing the instance name." >&2; exit 1 ;; esac
+done
+for u in "$@"; do
   case "$u" in
     --) continue ;;
     journald.service) printf 'Id=journald.service\nLoadState=loaded\nFragmentPath=/lib/systemd/system/journald.service\n\n' ;;
@@ -216,6 +220,14 @@ def test_units_systemd_loads_from_elsewhere_are_refused(host):
     assert len(problems) == 3, problems
     assert "loads it from /lib/systemd/system/journald.service" in said
     assert "masked" in said and "alias of real.service" in said and "free.service" not in said
+
+
+def test_a_template_unit_among_the_claims_does_not_blind_the_others(host):
+    """One `systemctl show` for every claimed unit: a template name in it (name@.service) failed the
+    whole call, and every unit claim then passed unchecked (a unit the system ships was written over)."""
+    fake_program(host / "bin", "systemctl", SYSTEMCTL)
+    problems = foreign(host, [unit("memwatch_unit_name", n) for n in ("journald.service", "sparkops-serve-agent@.service")])
+    assert len(problems) == 1 and "loads it from /lib/systemd/system/journald.service" in problems[0], problems
 
 
 DOCKER = r"""[ "$1" = ps ] || exit 2
