@@ -13,6 +13,9 @@ tested (a role's tasks, a playbook, a callback).
 - run_playbook(playbook, inventory=..., extra_vars=..., ...): ansible-playbook in a subprocess;
   returns the CompletedProcess. play_json(...) the same, parsed from the JSON callback.
 - host_results(doc, host): every task result of one host in a JSON-callback document, in order.
+- trusted(value): value with every string in it marked trusted for templating (ansible-core 2.19
+  templates only trusted strings, as it trusts a role's defaults and vars files), for a test that
+  templates a role's files with Ansible's own Templar.
 - batch_inventory(tmp_path, hosts): an inventory file where every host is this machine (local
   connection, this Python), each with its own variables: one ansible-playbook start checks many
   values at once (each host a case), instead of one start per value.
@@ -137,3 +140,15 @@ def batch_inventory(tmp_path, hosts, group="sparks", name="batch-inventory.json"
     with open(path, "w") as handle:
         json.dump(inventory, handle)
     return path
+
+
+def trusted(value):
+    """value with every string in it (lists and mappings walked) marked trusted for templating."""
+    from ansible.template import trust_as_template
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, list):
+        return [trusted(v) for v in value]
+    if isinstance(value, dict):
+        return {k: trusted(v) for k, v in value.items()}
+    return value

@@ -15,7 +15,7 @@ from ansible_collections.sparkops.appliance.plugins.module_utils import _owned
 from ansible_collections.sparkops.appliance.plugins.modules import files as files_module
 from ansible_collections.sparkops.appliance.plugins.modules import spark_facts
 
-from harness import ROOT
+from harness import ROOT, trusted
 from harness import run_module
 
 
@@ -81,15 +81,6 @@ def test_the_preflight_claims_of_the_defaults_do_not_clash():
     Spark, a pair's head and its worker."""
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template
-
-    def trusted(value):   # 2.19 templates only trusted strings (as it trusts a role's vars file)
-        if isinstance(value, str):
-            return trust_as_template(value)
-        if isinstance(value, list):
-            return [trusted(v) for v in value]
-        if isinstance(value, dict):
-            return {k: trusted(v) for k, v in value.items()}
-        return value
 
     data = yaml.safe_load(open(os.path.join(ROOT, "roles", "preflight", "vars", "main.yml")))
     common = yaml.safe_load(open(os.path.join(ROOT, "roles", "common", "defaults", "main.yml")))

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 
-from harness import ROOT
+from harness import ROOT, trusted
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian's prometheus package; make deps)")
@@ -26,15 +26,6 @@ def render(template, **overrides):
     """The template rendered by Ansible with common's and the role's defaults (and vars), as text."""
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template
-
-    def trusted(value):   # 2.19 templates only trusted strings (as it trusts a role's defaults file)
-        if isinstance(value, str):
-            return trust_as_template(value)
-        if isinstance(value, list):
-            return [trusted(v) for v in value]
-        if isinstance(value, dict):
-            return {k: trusted(v) for k, v in value.items()}
-        return value
 
     variables = {}
     for path in (os.path.join(ROOT, "roles", "common", "defaults", "main.yml"), os.path.join(ROLE, "defaults", "main.yml"),
