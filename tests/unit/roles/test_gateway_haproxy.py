@@ -304,58 +304,47 @@ BAD = {
 }
 
 
-def test_a_fleet_with_a_server_outside_the_run_is_refused(tmp_path):
-    """A run limited to some Sparks (their spark_serve facts not noted) would render a gateway without
-    the others: refused, naming them and the fix."""
-    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inventory = {"all": {"children": {
-        "sparks": {"hosts": {"spark-a": dict(local), "spark-b": dict(local)}},
-        "gateways": {"hosts": {"gw": dict(local, gateway_client_api_keys=[CLIENT_KEY])}}}}}
-    inv = tmp_path / "inventory.json"
-    inv.write_text(json.dumps(inventory))
-    playbook = tmp_path / "limited.yml"
-    playbook.write_text("""
+VALIDATE = """
 - hosts: sparks
   gather_facts: false
   tasks:
     - ansible.builtin.set_fact:
         spark_serve: {model: m, api_key: "", gateway: {host: 127.0.0.1, port: 8000, agent_port: 0}}
-      when: inventory_hostname == 'spark-a'
+      when: inventory_hostname in noted
 - hosts: gateways
   gather_facts: false
   tasks:
     - ansible.builtin.include_role:
         name: sparkops.appliance.gateway
         tasks_from: validate
-""")
-    doc = harness.play_json(playbook, inventory=inv, connection=None)
+"""
+
+
+def validate(tmp_path, sparks, noted, gateways):
+    """The gateway role's validate on local hosts: `sparks` (those in `noted` with a spark_serve fact)
+    and `gateways` ({name: variables}); the JSON callback's document."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"all": {"children": {
+        "sparks": {"hosts": {name: dict(local) for name in sparks}},
+        "gateways": {"hosts": {name: dict(local, **values) for name, values in gateways.items()}}}}}
+    inv = tmp_path / "inventory.json"
+    inv.write_text(json.dumps(inventory))
+    playbook = tmp_path / "validate.yml"
+    playbook.write_text(VALIDATE)
+    return harness.play_json(playbook, inventory=inv, connection=None, extra_vars={"noted": noted})
+
+
+def test_a_fleet_with_a_server_outside_the_run_is_refused(tmp_path):
+    """A run limited to some Sparks (their spark_serve facts not noted) would render a gateway without
+    the others: refused, naming them and the fix."""
+    doc = validate(tmp_path, ["spark-a", "spark-b"], ["spark-a"], {"gw": {"gateway_client_api_keys": [CLIENT_KEY]}})
     failure = harness.host_failure(doc, "gw")
     assert failure and "spark-b: no spark_serve fact" in failure["msg"] and "--limit" in failure["msg"], failure
 
 
 def test_bad_gateway_settings_are_refused_naming_the_variable(tmp_path):
-    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     ok = {"gateway_client_api_keys": [CLIENT_KEY]}
-    inventory = {"all": {"children": {
-        "sparks": {"hosts": {"spark-a": dict(local)}},
-        "gateways": {"hosts": {name: dict(local, **dict(ok, **values)) for name, (values, _m) in BAD.items()}}}}}
-    inv = tmp_path / "inventory.json"
-    inv.write_text(json.dumps(inventory))
-    playbook = tmp_path / "bad.yml"
-    playbook.write_text("""
-- hosts: sparks
-  gather_facts: false
-  tasks:
-    - ansible.builtin.set_fact:
-        spark_serve: {model: m, api_key: "", gateway: {host: 127.0.0.1, port: 8000, agent_port: 0}}
-- hosts: gateways
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_role:
-        name: sparkops.appliance.gateway
-        tasks_from: validate
-""")
-    doc = harness.play_json(playbook, inventory=inv, connection=None)
+    doc = validate(tmp_path, ["spark-a"], ["spark-a"], {name: dict(ok, **values) for name, (values, _m) in BAD.items()})
     for name, (_values, message) in BAD.items():
         failure = harness.host_failure(doc, name)
         assert failure and message in failure["msg"], (name, failure)
