@@ -11,7 +11,8 @@ INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("all")
 
 ALERTS = {"SparkHostDown", "SparkServerDown", "SparkServerRestartLoop", "SparkLivenessFailing", "SparkMemwatchFired",
-          "SparkMemAvailableLow", "SparkKvCacheFull", "SparkMemoryGrowing", "SparkPairWorkerLost"}
+          "SparkMemAvailableLow", "SparkKvCacheFull", "SparkMemoryGrowing", "SparkPairWorkerLost",
+          "SparkGatewayModelWithoutServer"}
 
 
 def _get(host, url):

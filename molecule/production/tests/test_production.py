@@ -6,10 +6,13 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import testinfra.utils.ansible_runner
 from test_args_memo import _memo, _parser_result, _task_status   # this folder is on sys.path (pytest's rootdir-less import)
+from test_every_playbook import playbook
+from test_monitoring import _address, _get
 
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.getcwd())
@@ -216,3 +219,41 @@ def test_zz_memwatch_stops_the_real_server_gracefully(host):
     assert after["ActiveState"] == "inactive" and after["NRestarts"] == props["NRestarts"], after
     metrics = host.file("/var/lib/prometheus/node-exporter/memwatch.prom").content_string
     assert 'memwatch_rule_fires_total{rule="available"} 1' in metrics
+
+
+def _alerts(host):
+    """{alertname: state} of Prometheus' alerts now (pending or firing), from its HTTP API."""
+    alerts = json.loads(_get(host, "http://%s:9090/api/v1/alerts" % _address(host)))["data"]["alerts"]
+    return {a["labels"]["alertname"]: a["state"] for a in alerts}
+
+
+def _status():
+    """status.yml's exit status and its row for the Spark (docs/monitoring.md#the-status-view)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, out = playbook("status.yml", "-e", json.dumps({"status_report_dir": tmp}))
+        with open(os.path.join(tmp, "status.json"), encoding="utf-8") as handle:
+            (row,) = json.load(handle)
+    return rc, row, out
+
+
+def test_zzz_the_drill_fires_its_alerts_and_status_says_unhealthy_then_healthy_after_recovery(host):
+    # Runs after the memwatch drill (zz), which left the server stopped by memwatch: Prometheus
+    # raises SparkMemwatchFired (at once) and SparkServerDown (after its 2 min), and status.yml
+    # fails naming the stopped unit. Then the operator's recovery: memory back, the unit started.
+    assert _unit(host, UNIT, "ActiveState")["ActiveState"] == "inactive"
+    rc, row, out = _status()
+    assert rc != 0 and row["state"] == "inactive", out[-3000:]
+    assert any(p.startswith(UNIT + ".service is inactive") for p in row["problems"]), row
+    assert row["memwatch_last_event"], row
+    firing = {"SparkMemwatchFired", "SparkServerDown"}
+    _wait("Prometheus to fire %s" % sorted(firing),
+          lambda: firing <= {name for name, state in _alerts(host).items() if state == "firing"}, timeout=300)
+
+    _drill_meminfo(host, 12, 8)   # healthy again
+    host.run_test("systemctl start %s" % UNIT)
+    liveness = "/var/lib/sparkops/serve/%s-liveness/state.json" % UNIT   # serve_liveness_dir's default
+    _wait("the restarted server to be live",
+          lambda: json.loads(host.file(liveness).content_string or "{}").get("state") == "live", timeout=600)
+    rc, row, out = _status()
+    assert rc == 0 and row["problems"] == [] and row["state"] == "active", out[-3000:]
+    _wait("SparkServerDown to end", lambda: "SparkServerDown" not in _alerts(host), timeout=120)

@@ -14,6 +14,7 @@ import csv
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import socketserver
@@ -265,6 +266,29 @@ def test_a_server_whose_agent_says_down_leaves_rotation_though_its_health_answer
     finally:
         agent.word = "up #live"
     assert wait_status(fleet, "model_tiny-llama/spark-a", "UP") == "UP"
+
+
+def active_servers(box):
+    """{backend: haproxy_backend_active_servers} from the gateway's Prometheus endpoint, the series
+    the monitoring role's SparkGatewayModelWithoutServer alert reads."""
+    with _NO_PROXY.open("http://127.0.0.1:%d/metrics" % box["stats_port"], timeout=5) as resp:
+        text = resp.read().decode()
+    return {proxy: float(value) for proxy, value
+            in re.findall(r'^haproxy_backend_active_servers\{proxy="([^"]+)"\} (\S+)$', text, re.M)}
+
+
+def test_a_model_whose_only_server_is_down_shows_no_active_server_on_the_metrics(fleet):
+    assert active_servers(fleet)["model_org_other-model"] == 1 and active_servers(fleet)["model_tiny-llama"] == 2
+    agent = fleet["agents"]["spark-c"]
+    agent.word = "down #liveness: stalled (no progress)"
+    try:
+        assert wait_status(fleet, "model_org_other-model/spark-c", "DOWN").startswith("DOWN")
+        assert active_servers(fleet)["model_org_other-model"] == 0
+        status, body = call(fleet, {"model": "org/other-model", "prompt": "x"})
+        assert status == 503 and body["error"]["type"] == "ServiceUnavailableError", body   # JSON, not HTML
+    finally:
+        agent.word = "up #live"
+    assert wait_status(fleet, "model_org_other-model/spark-c", "UP") == "UP"
 
 
 def balancer(fleet, target, action, model):

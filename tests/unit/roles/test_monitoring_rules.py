@@ -62,6 +62,7 @@ def promtool(tmp_path, doc, tests, name="t"):
 NODE = 'job="node",instance="spark-01",kind="single"'
 VLLM = 'job="vllm",instance="spark-01",kind="single"'
 WORKER = 'job="node",instance="spark-pa-worker",kind="worker",cluster="pair_a"'
+GATEWAY = 'job="gateway",instance="gateway-01",kind="gateway"'
 LABELS = {"job": "node", "instance": "spark-01", "kind": "single"}   # an empty label (cluster="") is no label
 
 
@@ -155,6 +156,14 @@ CASES = {
               ("up{%s}" % WORKER, "1x20")], "2m", False),
         # a single Spark runs no Ray worker
         case([('node_systemd_unit_state{%s,name="sparkops-ray.service",state="active"}' % NODE, "0x20")], "2m", False),
+    ],
+    "SparkGatewayModelWithoutServer": [
+        case([('haproxy_backend_active_servers{%s,proxy="model_tiny-llama"}' % GATEWAY, "0x20")], "2m", True,
+             {"job": "gateway", "instance": "gateway-01", "kind": "gateway", "proxy": "model_tiny-llama"}),
+        case([('haproxy_backend_active_servers{%s,proxy="model_tiny-llama"}' % GATEWAY, "1x20")], "2m", False),
+        case([('haproxy_backend_active_servers{%s,proxy="model_tiny-llama"}' % GATEWAY, "1x3 0x2 1x15")], "2m",
+             False),                                             # a server back within the minute
+        case([('haproxy_backend_active_servers{%s,proxy="stats"}' % GATEWAY, "0x20")], "2m", False),  # not a model's
     ],
 }
 
