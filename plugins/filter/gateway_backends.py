@@ -21,6 +21,11 @@ description:
     models whose backend names are the same, and a server address, name, key or model the HAProxy
     configuration cannot hold.
   - C(gateway_backend_name) gives the backend's name for one model (the rollout drains through it).
+  - C(gateway_moves) (installed, hosts, hostvars) reads each gateway's installed configuration
+    (C(installed): {gateway: its haproxy.cfg text, or none where it has none yet}) and returns, for
+    rollout.yml's first play, a message for each of O(_input)'s serving hosts that a rollout cannot
+    drain and return: one the gateway does not list as a server, or lists in another model's backend
+    than its C(spark_serve.model) (a change of the served model moves it between backends).
 options:
   _input:
     description: The inventory names of the hosts the gateway routes to (normally C(groups['sparks'])).
@@ -126,6 +131,57 @@ def gateway_backends(hosts, hostvars):
     return {"backends": out, "skipped": skipped, "problems": problems}
 
 
+_SECTION = re.compile(r"^(backend|frontend|listen|defaults|global|peers|resolvers|userlist|cache|program|http-errors|ring)\s+(\S+)?")
+_SERVER = re.compile(r"^\s+server\s+(\S+)\s")
+
+
+def installed_servers(text):
+    """{server name: [backends]} of a haproxy.cfg's text."""
+    out, backend = {}, None
+    for line in (text or "").splitlines():
+        section = _SECTION.match(line)
+        if section:
+            backend = section.group(2) if section.group(1) == "backend" else None
+            continue
+        server = _SERVER.match(line)
+        if server and backend:
+            out.setdefault(server.group(1), []).append(backend)
+    return out
+
+
+def gateway_moves(installed, hosts, hostvars):
+    """Messages for the serving `hosts` whose server the gateways cannot drain and return as they
+    are configured (see DOCUMENTATION)."""
+    problems = []
+    for gateway in sorted(installed or {}):
+        text = installed[gateway]
+        if text is None:
+            continue
+        servers = installed_servers(to_text(text))
+        for host in hosts:
+            hv = hostvars[host] if host in hostvars else {}
+            serve = hv.get("spark_serve")
+            if (hv.get("cluster_role") or "") == "worker" or not isinstance(serve, dict) or not serve.get("model"):
+                continue
+            want = gateway_backend_name(to_text(serve["model"]))
+            have = servers.get(host, [])
+            if want in have:
+                continue
+            if have:
+                problems.append(
+                    "%s: the gateway %s routes it as %s, and this run would serve it as %s (serve_served_model_name): "
+                    "a rollout drains and returns a server in its own model's backend, it does not move it to "
+                    "another. Fix: move it with site.yml --tags serve,gateway (its server restarts once, the "
+                    "gateway is rendered again; docs/gateway.md#another-model-on-a-server), or keep its model."
+                    % (host, gateway, ", ".join(have), to_text(serve["model"])))
+            else:
+                problems.append(
+                    "%s: not a server of the gateway %s yet, which a rollout drains it through. Fix: run site.yml "
+                    "(or --tags serve,gateway) once with the host in the inventory, then roll." % (host, gateway))
+    return problems
+
+
 class FilterModule(object):
     def filters(self):
-        return {"gateway_backends": gateway_backends, "gateway_backend_name": gateway_backend_name}
+        return {"gateway_backends": gateway_backends, "gateway_backend_name": gateway_backend_name,
+                "gateway_moves": gateway_moves}

@@ -18,6 +18,15 @@ description:
     O(serial) (counts or percentages of all the hosts; the last value repeats). A batch takes whole
     units while it stays within its size, and always at least one unit, so a pair is never split
     and a pair as canary makes a canary batch of two.
+  - With O(models), a batch also never takes the last servers of a model in the fleet: a unit that
+    would leave a model with no server outside the batch starts the next batch instead (so the
+    batch is smaller than O(serial) asks). The first unit of a batch is always taken: a model that
+    only one server has is out while that server restarts.
+  - C(rollout_lone_models) (hosts, models) names those: each model whose one server is among the
+    rolled hosts, with that server. C(rollout_served_models) (hosts, hostvars) gives O(models) for
+    the fleet's hosts: the serve role's C(spark_serve.model), else the inventory's
+    C(serve_served_model_name) or C(spark_model_name); a pair's worker and a host without any are
+    left out.
   - Returns the list of batches (lists of host names), first batch first.
 options:
   _input:
@@ -37,6 +46,13 @@ options:
     description: Batch sizes, as Ansible's C(serial) (an int, C("N%"), or a list of them).
     type: raw
     required: true
+  models:
+    description:
+      - The model each serving host of the whole fleet serves (host name -> served model name; a
+        pair: its head only), the play's hosts and those outside it. Omitted or null: no model is
+        looked at.
+    type: dict
+    required: false
 author:
   - sparkops contributors (@sparkops)
 """
@@ -45,6 +61,12 @@ EXAMPLES = r"""
 - name: Batches of the rollout
   ansible.builtin.debug:
     msg: "{{ ansible_play_hosts | sparkops.appliance.rollout_batches(hostvars, groups, [1, '25%']) }}"
+
+- name: Batches that keep a server of every model outside each batch
+  ansible.builtin.debug:
+    msg: >-
+      {{ ansible_play_hosts | sparkops.appliance.rollout_batches(hostvars, groups, [1, 2],
+                                                                 models={'spark-01': 'chat', 'spark-02': 'chat'}) }}
 """
 
 RETURN = r"""
@@ -116,8 +138,26 @@ def unit_of(host, hostvars, groups):
     return "host:" + host
 
 
-def rollout_batches(hosts, hostvars, groups, serial):
-    """Hosts -> batches of whole units, sized like Ansible's serial."""
+def _servers_per_model(hosts, models):
+    """{model: number of `hosts` that serve it}."""
+    count = {}
+    for host in hosts:
+        if host in models:
+            count[models[host]] = count.get(models[host], 0) + 1
+    return count
+
+
+def _leaves_a_server(batch, unit, models, totals):
+    """Whether every model of `unit` keeps a server outside `batch` + `unit`, or is one that
+    `unit` alone serves (out while it restarts, in whichever batch)."""
+    taken = _servers_per_model(batch + unit, models)
+    own = _servers_per_model(unit, models)
+    return all(taken[m] < totals[m] or own[m] == totals[m] for m in own)
+
+
+def rollout_batches(hosts, hostvars, groups, serial, models=None):
+    """Hosts -> batches of whole units, sized like Ansible's serial; with `models`, a batch never
+    takes the last servers of a model unless its first unit alone does."""
     hosts = list(hosts)
     if not hosts:
         return []
@@ -128,21 +168,56 @@ def rollout_batches(hosts, hostvars, groups, serial):
             units[key] = []
             order.append(key)
         units[key].append(host)
+    models = dict(models or {})
+    totals = _servers_per_model(models, models)
     sizes = batch_sizes(serial, len(hosts))
     batches, index = [], 0
     while index < len(order):
         size = sizes[min(len(batches), len(sizes) - 1)]
         batch = list(units[order[index]])
         index += 1
-        while index < len(order) and len(batch) + len(units[order[index]]) <= size:
+        while (index < len(order) and len(batch) + len(units[order[index]]) <= size
+               and _leaves_a_server(batch, units[order[index]], models, totals)):
             batch.extend(units[order[index]])
             index += 1
         batches.append(batch)
     return batches
 
 
+def rollout_served_models(hosts, hostvars):
+    """{host: model} for the serving hosts among `hosts` (a pair's worker serves nothing): the
+    host fact spark_serve's model where the serve role noted it in this run, else the inventory's
+    serve_served_model_name or spark_model_name; a host with none of them is left out (not counted
+    as a server that stays in rotation)."""
+    out = {}
+    for host in hosts:
+        hv = hostvars[host] if host in hostvars else {}
+        if (hv.get("cluster_role") or "") == "worker":
+            continue
+        serve = hv.get("spark_serve")
+        model = serve.get("model") if isinstance(serve, dict) else None
+        model = model or hv.get("serve_served_model_name") or hv.get("spark_model_name")
+        if model:
+            out[host] = str(model)
+    return out
+
+
+def rollout_lone_models(hosts, models):
+    """{model: [its one server]} of the models that have one server (a host, a pair's head) and
+    whose server is among the rolled `hosts`: those no batch can keep serving."""
+    models = dict(models or {})
+    hosts = set(hosts)
+    out = {}
+    for model in sorted(set(models.values())):
+        servers = sorted(h for h, m in models.items() if m == model)
+        if len(servers) == 1 and servers[0] in hosts:
+            out[model] = servers
+    return out
+
+
 class FilterModule(object):
     """sparkops.appliance.rollout_batches"""
 
     def filters(self):
-        return {"rollout_batches": rollout_batches}
+        return {"rollout_batches": rollout_batches, "rollout_served_models": rollout_served_models,
+                "rollout_lone_models": rollout_lone_models}

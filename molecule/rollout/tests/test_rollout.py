@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -718,3 +719,60 @@ def test_a_server_killed_hard_or_stalled_leaves_the_gateway_and_comes_back(lb_di
     print("gateway drills: %s" % json.dumps(summary))
     assert summary["failed"] <= CLIENTS, summary
     assert measured["killed_out_s"] <= 2 * 3 + 5, measured       # inter x fall, plus the stats poll and a busy machine
+
+
+def test_zz_two_models_behind_the_one_url_and_batches_that_keep_each_model_served():
+    """site.yml (its serve and gateway phases, the whole fleet) with the third Spark serving the same
+    weights as another model, tiny-llama-b: only that server restarts, the gateway gets a backend for
+    it, and through the one URL each model is answered by its own Sparks, /v1/models lists both, an
+    unknown model gets the JSON 404. Then rollout.yml's first play with batches of two: it never puts
+    tiny-llama's two servers in one batch, and names tiny-llama-b's lone server (docs/rollout.md#batches);
+    and it refuses to move the third Spark back to tiny-llama (a change of the gateway's configuration:
+    docs/gateway.md#another-model-on-a-server). Last: it leaves the third Spark on another model."""
+    first, second, third = HOSTS
+    serving = dict((h, unit_image(h)) for h in HOSTS)
+    extra = {"serve_image": "{{ %s[inventory_hostname] }}" % json.dumps(serving),
+             "serve_served_model_name": "{{ 'tiny-llama-b' if inventory_hostname == '%s' else 'tiny-llama' }}" % third}
+    before = dict((h, invocation(h)) for h in HOSTS)
+    proc, out = site("two-models", extra, "--tags", "serve,gateway")
+    assert proc.returncode == 0, out[-6000:]
+    assert [h for h in HOSTS if invocation(h) != before[h]] == [third]
+
+    url = "http://%s:%d" % (address(GATEWAY), GATEWAY_PORT)
+    key = {"Authorization": "Bearer %s" % gateway_key()}
+    with urllib.request.urlopen(urllib.request.Request(url + "/v1/models", headers=key), timeout=10) as resp:  # noqa: S310
+        assert sorted(m["id"] for m in json.loads(resp.read())["data"]) == ["tiny-llama", "tiny-llama-b"]
+    answered = {"tiny-llama": set(), "tiny-llama-b": set()}
+    for _n in range(8):
+        for model, seen in answered.items():
+            status, body, server = through_gateway({"model": model, "prompt": "hello", "max_tokens": 4})
+            assert status == 200 and json.loads(body)["model"] == model, body
+            seen.add(server)
+    assert answered == {"tiny-llama": {first, second}, "tiny-llama-b": {third}}, answered
+    try:
+        through_gateway({"model": "tiny-llama-c", "prompt": "hello", "max_tokens": 4})
+        raise AssertionError("an unknown model was answered")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 404 and json.loads(exc.read())["error"]["type"] == "NotFoundError"
+
+    def first_play(name, extra_vars):
+        env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
+        proc = subprocess.run(["ansible-playbook", "-i", inventory(), ROLLOUT, "--skip-tags", "rollout",
+                               "-e", json.dumps(extra_vars)],
+                              capture_output=True, text=True, env=env, cwd=PROJECT, timeout=900, check=False)
+        with open(evidence(name + "-ansible.log"), "w") as handle:
+            handle.write(proc.stdout + proc.stderr)
+        return proc.returncode, " ".join((proc.stdout + proc.stderr).split())
+
+    rc, text = first_play("two-models-batches", dict(extra, rollout_serial=[2]))
+    assert rc == 0, text[-4000:]
+    # batches of two without the models would be [first, second], [third]: tiny-llama with no server
+    assert "msg: - %s - %s, %s " % (first, second, third) in text, text[-4000:]   # the batches, as listed
+    assert "tiny-llama-b is served by %s alone" % third in text, text[-4000:]
+    # a rollout does not move a server to another model's backend: refused before any change
+    served = dict((h, invocation(h)) for h in HOSTS)
+    rc, text = first_play("two-models-move-refused", dict(extra, serve_served_model_name="tiny-llama"))
+    assert rc != 0, text[-4000:]
+    assert ("%s: the gateway %s routes it as model_tiny-llama-b, and this run would serve it as tiny-llama "
+            "(serve_served_model_name)" % (third, GATEWAY)) in text, text[-4000:]
+    assert dict((h, invocation(h)) for h in HOSTS) == served

@@ -28,6 +28,7 @@ import urllib.request
 import pytest
 
 import harness
+from ansible_collections.sparkops.appliance.plugins.filter.gateway_backends import gateway_moves
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 pytestmark = pytest.mark.skipif(not os.path.exists(HAPROXY), reason="no haproxy here: `make deps` installs Debian's")
@@ -289,6 +290,21 @@ def test_a_model_whose_only_server_is_down_shows_no_active_server_on_the_metrics
     finally:
         agent.word = "up #live"
     assert wait_status(fleet, "model_org_other-model/spark-c", "UP") == "UP"
+
+
+def test_a_server_moved_to_another_model_or_unknown_to_the_gateway_is_found_in_its_installed_configuration(fleet):
+    """rollout.yml's first play refuses these (roles/gateway/tasks/servers.yml), read from the configuration
+    the role rendered: a server whose model changes, a server the gateway does not list."""
+    hosts = ["spark-a", "spark-b", "spark-c", "spark-new"]
+    hostvars = {"spark-a": {"spark_serve": {"model": "tiny-llama"}}, "spark-b": {"spark_serve": {"model": "tiny-llama"}},
+                "spark-c": {"spark_serve": {"model": "org/other-model"}}, "spark-new": {"cluster_role": "worker"}}
+    assert gateway_moves({"gw": fleet["config"], "gw-2": None}, hosts, hostvars) == []
+    hostvars["spark-b"] = {"spark_serve": {"model": "org/other-model"}}
+    hostvars["spark-new"] = {"spark_serve": {"model": "tiny-llama"}}
+    (moved, new) = gateway_moves({"gw": fleet["config"]}, hosts, hostvars)
+    assert moved.startswith("spark-b: the gateway gw routes it as model_tiny-llama, and this run would serve it as "
+                            "org/other-model (serve_served_model_name)") and "site.yml --tags serve,gateway" in moved, moved
+    assert new.startswith("spark-new: not a server of the gateway gw yet"), new
 
 
 def balancer(fleet, target, action, model):

@@ -3,7 +3,8 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.sparkops.appliance.plugins.filter.rollout_batches import batch_sizes, rollout_batches
+from ansible_collections.sparkops.appliance.plugins.filter.rollout_batches import (
+    batch_sizes, rollout_batches, rollout_lone_models, rollout_served_models)
 
 
 def fleet(singles, pairs=None, extra=None):
@@ -97,3 +98,54 @@ def test_a_pair_without_its_group_is_refused():
     hostvars, groups = fleet(["s1"], extra={"s1": {"cluster_role": "head"}})
     with pytest.raises(AnsibleFilterError, match="s1 has cluster_role 'head' but no inventory group holds its pair"):
         rollout_batches(["s1"], hostvars, groups, 1)
+
+
+# --- a batch never takes the last servers of a model (docs/rollout.md#batches) ----------------
+
+def test_a_batch_of_two_never_takes_both_servers_of_a_model():
+    hosts = ["s1", "s2", "s3", "s4"]
+    hostvars, groups = fleet(hosts)
+    models = {"s1": "chat", "s2": "chat", "s3": "embed", "s4": "embed"}
+    # without the models: [s1, s2] and [s3, s4] would each leave a model with no server
+    assert rollout_batches(hosts, hostvars, groups, [2]) == [["s1", "s2"], ["s3", "s4"]]
+    assert rollout_batches(hosts, hostvars, groups, [2], models=models) == [["s1"], ["s2", "s3"], ["s4"]]
+
+
+def test_servers_outside_the_rollout_keep_a_model_served():
+    # s3 serves chat too and is not rolled (a --limit): s1 and s2 may go in one batch
+    hostvars, groups = fleet(["s1", "s2", "s3"])
+    models = {"s1": "chat", "s2": "chat", "s3": "chat"}
+    assert rollout_batches(["s1", "s2"], hostvars, groups, [2], models=models) == [["s1", "s2"]]
+
+
+def test_a_pair_counts_as_one_server_of_its_model():
+    hosts = ["a-head", "a-worker", "s1", "s2"]
+    hostvars, groups = fleet(["s1", "s2"], {"pair_a": ("a-head", "a-worker")})
+    models = {"a-head": "big", "s1": "big", "s2": "small"}
+    # the pair and s1 are big's two servers: never one batch; s2 (small's only one) rolls alone or with either
+    assert rollout_batches(hosts, hostvars, groups, [3], models=models) == [["a-head", "a-worker"], ["s1", "s2"]]
+    assert rollout_lone_models(hosts, models) == {"small": ["s2"]}
+
+
+def test_the_models_keep_every_other_rule():
+    order = ["a-head", "s1", "a-worker", "s2", "b-worker", "s3", "b-head", "s4"]
+    hostvars, groups = fleet(["s1", "s2", "s3", "s4"], {"pair_a": ("a-head", "a-worker"), "pair_b": ("b-head", "b-worker")})
+    models = {"a-head": "m1", "b-head": "m1", "s1": "m2", "s2": "m2", "s3": "m3", "s4": "m3"}
+    for serial in ([1, "25%"], 2, 3, "50%", [2, 4], 8):
+        batches = rollout_batches(order, hostvars, groups, serial, models=models)
+        assert sorted(h for b in batches for h in b) == sorted(order)
+        for batch in batches:
+            for model in set(models.values()):
+                servers = [h for h, m in models.items() if m == model]
+                assert not set(servers) <= set(batch), (serial, batches, model)
+        for head, worker in (("a-head", "a-worker"), ("b-head", "b-worker")):
+            assert [b for b in batches if head in b] == [b for b in batches if worker in b]
+
+
+def test_the_served_models_come_from_the_serve_fact_else_the_inventory():
+    hostvars, _groups = fleet(["s1", "s2", "s3", "s4"], {"pair_a": ("a-head", "a-worker")},
+                              extra={"s1": {"spark_serve": {"model": "noted"}, "serve_served_model_name": "inventory"},
+                                     "s2": {"serve_served_model_name": "named"}, "s3": {"spark_model_name": "dir-name"},
+                                     "a-head": {"spark_serve": {"model": "big"}}, "a-worker": {"spark_model_name": "big"}})
+    assert rollout_served_models(["s1", "s2", "s3", "s4", "a-head", "a-worker", "elsewhere"], hostvars) == {
+        "s1": "noted", "s2": "named", "s3": "dir-name", "a-head": "big"}
