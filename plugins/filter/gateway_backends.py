@@ -22,9 +22,9 @@ description:
     configuration cannot hold.
   - C(gateway_backend_name) gives the backend's name for one model (the rollout drains through it).
   - C(gateway_moves) (installed, hosts, hostvars) reads each gateway's installed configuration
-    (C(installed): {gateway: its haproxy.cfg text, or none where it has none yet}) and returns, for
+    (C(installed) maps each gateway to its haproxy.cfg text, or none where it has none yet) and returns, for
     rollout.yml's first play, a message for each of O(_input)'s serving hosts that a rollout cannot
-    drain and return: one the gateway does not list as a server, or lists in another model's backend
+    drain and return, one the gateway does not list as a server, or lists in another model's backend
     than its C(spark_serve.model) (a change of the served model moves it between backends).
 options:
   _input:

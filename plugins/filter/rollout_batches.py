@@ -18,13 +18,13 @@ description:
     O(serial) (counts or percentages of all the hosts; the last value repeats). A batch takes whole
     units while it stays within its size, and always at least one unit, so a pair is never split
     and a pair as canary makes a canary batch of two.
-  - With O(models), a batch also never takes the last servers of a model in the fleet: a unit that
+  - With O(models), a batch also never takes the last servers of a model in the fleet; a unit that
     would leave a model with no server outside the batch starts the next batch instead (so the
-    batch is smaller than O(serial) asks). The first unit of a batch is always taken: a model that
-    only one server has is out while that server restarts.
-  - C(rollout_lone_models) (hosts, models) names those: each model whose one server is among the
+    batch is smaller than O(serial) asks). The first unit of a batch is always taken, so a model
+    that only one server has is out while that server restarts.
+  - C(rollout_lone_models) (hosts, models) names those, each model whose one server is among the
     rolled hosts, with that server. C(rollout_served_models) (hosts, hostvars) gives O(models) for
-    the fleet's hosts: the serve role's C(spark_serve.model), else the inventory's
+    the fleet's hosts, from the serve role's C(spark_serve.model), else the inventory's
     C(serve_served_model_name) or C(spark_model_name); a pair's worker and a host without any are
     left out.
   - Returns the list of batches (lists of host names), first batch first.
@@ -48,8 +48,8 @@ options:
     required: true
   models:
     description:
-      - The model each serving host of the whole fleet serves (host name -> served model name; a
-        pair: its head only), the play's hosts and those outside it. Omitted or null: no model is
+      - The model each serving host of the whole fleet serves (host name -> served model name; of a
+        pair, its head only), the play's hosts and those outside it. Omitted or null, no model is
         looked at.
     type: dict
     required: false

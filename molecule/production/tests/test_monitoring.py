@@ -3,6 +3,7 @@ node exporter serves memwatch's, liveness' and the plan's textfiles; Prometheus 
 exporter and the server, every target up, read from its HTTP API; the alert rules are loaded."""
 import json
 import os
+import re
 import time
 
 import testinfra.utils.ansible_runner
@@ -12,7 +13,7 @@ testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_ho
 
 ALERTS = {"SparkHostDown", "SparkServerDown", "SparkServerRestartLoop", "SparkLivenessFailing", "SparkMemwatchFired",
           "SparkMemAvailableLow", "SparkKvCacheFull", "SparkMemoryGrowing", "SparkPairWorkerLost",
-          "SparkGatewayModelWithoutServer"}
+          "SparkKvPoolOffPlan", "SparkGatewayModelWithoutServer"}
 
 
 def _get(host, url):
@@ -28,11 +29,16 @@ def test_the_node_exporter_serves_the_textfiles_on_the_management_address(host):
     text = _get(host, "http://%s:9100/metrics" % _address(host))
     # the systemd collector reads the serve unit (its value depends on what the tests before did to it)
     for name in ("memwatch_rule_threshold_bytes", "sparkops_plan_kv_cache_bytes", "sparkops_serve_liveness_state",
+                 "sparkops_serve_kv_plan_bytes", "sparkops_serve_kv_pool_bytes",
                  'node_systemd_unit_state{name="sparkops-serve.service",state="active"',
                  'node_systemd_service_restart_total{name="sparkops-serve.service"}',
                  "node_textfile_scrape_error 0"):
         assert name in text, name
     assert not host.socket("tcp://0.0.0.0:9100").is_listening
+    # the KV pool the real vLLM logged at its start, read by the serve unit's helper, within the
+    # rollout gate's tolerance of the plan's (SparkKvPoolOffPlan quiet)
+    values = dict(re.findall(r"^sparkops_serve_kv_(plan|pool)_bytes\{[^}]*\} (\S+)$", text, re.M))
+    assert abs(float(values["pool"]) - float(values["plan"])) <= 0.10 * float(values["plan"]), values
 
 
 def test_prometheus_scrapes_every_target_up(host):

@@ -157,6 +157,20 @@ CASES = {
         # a single Spark runs no Ray worker
         case([('node_systemd_unit_state{%s,name="sparkops-ray.service",state="active"}' % NODE, "0x20")], "2m", False),
     ],
+    "SparkKvPoolOffPlan": [
+        # plan 1 GiB: 0.8 GiB allocated is 20 % off (tolerance 10 %), 0.95 GiB is 5 %
+        case([('sparkops_serve_kv_plan_bytes{%s,unit="sparkops-serve.service"}' % NODE, "%dx10" % GIB),
+              ('sparkops_serve_kv_pool_bytes{%s,unit="sparkops-serve.service"}' % NODE, "%dx10" % (GIB * 8 // 10))],
+             "2m", True, dict(LABELS, unit="sparkops-serve.service")),
+        case([('sparkops_serve_kv_plan_bytes{%s,unit="sparkops-serve.service"}' % NODE, "%dx10" % GIB),
+              ('sparkops_serve_kv_pool_bytes{%s,unit="sparkops-serve.service"}' % NODE, "%dx10" % (GIB * 12 // 10))],
+             "2m", True, dict(LABELS, unit="sparkops-serve.service")),    # more than planned counts too
+        case([('sparkops_serve_kv_plan_bytes{%s,unit="sparkops-serve.service"}' % NODE, "%dx10" % GIB),
+              ('sparkops_serve_kv_pool_bytes{%s,unit="sparkops-serve.service"}' % NODE, "%dx10" % (GIB * 95 // 100))],
+             "2m", False),
+        case([('sparkops_serve_kv_plan_bytes{%s,unit="sparkops-serve.service"}' % NODE, "%dx10" % GIB)],
+             "2m", False),                                          # starting: no pool read yet
+    ],
     "SparkGatewayModelWithoutServer": [
         case([('haproxy_backend_active_servers{%s,proxy="model_tiny-llama"}' % GATEWAY, "0x20")], "2m", True,
              {"job": "gateway", "instance": "gateway-01", "kind": "gateway", "proxy": "model_tiny-llama"}),

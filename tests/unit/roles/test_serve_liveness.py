@@ -119,7 +119,9 @@ class Box:
         self.pidfile = tmp_path / "server.pid"
         self.calls = tmp_path / "docker-calls"
         # `docker stop/kill NAME`: records the call and ends the stand-in server; `docker events`: none
-        self._tool("docker", 'case $1 in stop|kill) echo "$*" >>"%s"; kill "$(cat "%s")" 2>/dev/null;; esac\nexit 0\n'
+        # `docker logs`: a CPU vLLM's start log line with the KV pool it allocated (0.5 GiB)
+        self._tool("docker", 'case $1 in stop|kill) echo "$*" >>"%s"; kill "$(cat "%s")" 2>/dev/null;;\n'
+                   'logs) echo "INFO cpu_worker.py:120] Explicitly set (0.5/8) GiB for KV cache" >&2;; esac\nexit 0\n'
                    % (self.calls, self.pidfile))
         self._tool("journalctl", 'echo "journal of $2: engine core stopped making progress"\n')
         self._tool("systemctl", "echo %d\n" % nrestarts)
@@ -325,3 +327,15 @@ def test_no_ready_before_a_generation_passes(box, vllm):
     assert "READY=1" not in box.messages
     box.wait()
     assert not box.calls.exists()
+
+
+def test_the_kv_pool_vllm_allocated_and_the_plans_are_metrics_of_the_start(box):
+    """SparkKvPoolOffPlan (roles/monitoring) compares these two: the plan's figure from the unit's
+    --plan-kv-bytes, vLLM's from its start log once it is ready."""
+    box.start("--plan-kv-bytes", "536870912")
+    box.read_messages(lambda m: "READY=1" in m)
+    assert "READY=1" in box.messages
+    text = box.prom.read_text()
+    assert 'sparkops_serve_kv_plan_bytes{unit="x.service"} 536870912\n' in text, text
+    assert 'sparkops_serve_kv_pool_bytes{unit="x.service"} %d\n' % (2 ** 29) in text, text
+    assert box.state_json()["kv_pool_bytes"] == 2 ** 29

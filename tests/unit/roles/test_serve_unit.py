@@ -202,7 +202,7 @@ def test_unit_uses_the_helper_for_shm_start_bound_and_stop(renders):
             "--liveness-interval-s 10 --liveness-stall-s 45 --probe-timeout-s 30 --liveness-max-restarts 3 "
             "--liveness-window-s 3600 --liveness-backoff-s 30 --liveness-dir /var/lib/sparkops/serve/sparkops-serve-liveness "
             "--liveness-keep 10 --metrics-file /var/lib/prometheus/node-exporter/sparkops-serve-liveness.prom "
-            "--health-url http://127.0.0.1:8000/health --health-timeout-s 1200 --container sparkops-vllm -- \\\n"
+            "--plan-kv-bytes 18049635041 --health-url http://127.0.0.1:8000/health --health-timeout-s 1200 --container sparkops-vllm -- \\\n"
             "    /usr/bin/docker run --rm --name sparkops-vllm" % HELPER) in text
     # Type=notify: the start lasts until READY=1 (ExecStartPre 120 s + backoff 30 x 2^2 + health 1200 + probe 30);
     # the watchdog outlasts one look (10 + 10 + 30) and a stall's stop (30 + 60), plus 30 s
