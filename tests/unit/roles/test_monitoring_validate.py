@@ -32,6 +32,7 @@ BAD = [
     ({"monitoring_kv_cache_usage_pct": 120}, "monitoring_kv_cache_usage_pct = 120: above 100"),
     ({"monitoring_mem_available_margin_gib": -1}, "monitoring_mem_available_margin_gib = -1: below 0"),
     ({"monitoring_memory_band_gib": 0}, "monitoring_memory_band_gib = 0: not above 0"),
+    ({"monitoring_kv_pool_tolerance_pct": 0}, "monitoring_kv_pool_tolerance_pct = 0: not above 0"),
     ({"monitoring_restart_loop_count": 0}, "monitoring_restart_loop_count = 0: below 1"),
     ({"monitoring_memory_growth_window_h": 0}, "monitoring_memory_growth_window_h = 0: below 1"),
     ({"monitoring_plan_metrics_file": "/var/lib/x/plan.txt"}, 'monitoring_plan_metrics_file = "/var/lib/x/plan.txt": not an absolute path to a *.prom file'),
@@ -88,3 +89,17 @@ def test_site_refuses_a_bad_setting_in_its_first_play_before_any_connection(extr
     assert "Gather facts" not in tasks
     messages = [r.get("msg", "") for _p, _t, r in host_results(doc, "spark-01") if r.get("failed")]
     assert any(message in m for m in messages), messages
+
+
+def test_site_yml_refuses_a_bad_setting_of_a_monitoring_host_that_is_not_a_spark_before_any_change(tmp_path):
+    """site.yml's check play for the monitors outside the sparks group (the Sparks' are checked in its
+    first play): a bad value ends the run there, and no play that changes a host starts."""
+    inventory = batch_inventory(tmp_path, {"mon": {"ansible_host": "192.0.2.50", "monitoring_prometheus_port": 70000}},
+                                group="monitors")
+    doc = play_json(os.path.join(ROOT, "playbooks", "site.yml"), inventory=inventory)
+    results = host_results(doc, "mon")
+    failed = [(play, task, r.get("msg", "")) for play, task, r in results if r.get("failed")]
+    assert len(failed) == 1 and failed[0][0] == "Preflight - check each monitoring host's inputs", failed
+    assert "monitoring_prometheus_port = 70000: above 65535" in failed[0][2], failed
+    assert {play for play, _t, _r in results} == {"Preflight - check each monitoring host's inputs"}
+    assert not any(r.get("changed") for _p, _t, r in results)
