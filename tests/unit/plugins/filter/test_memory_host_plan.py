@@ -285,3 +285,21 @@ def test_table_has_a_row_per_model_and_the_total():
     assert lines[-1].startswith('WARNING spark-04 chat: at most 4 of 8')
     with pytest.raises(AnsibleFilterError):
         memory_host_plan_table({})
+
+
+def test_the_docs_worked_example_is_the_golden_case():
+    with open(os.path.join(ROOT, 'docs', 'memory-plan.md'), encoding='utf-8') as handle:
+        doc = handle.read()
+    section = doc[doc.index('## Several models on one Spark (SPEC §13)'):doc.index('## KV bytes per token from the model')]
+    fits, shrunk = plan(), plan(gib=20)
+    chat, embed = fits['models']
+    for figure in (chat['kv_cache_memory_bytes'], embed['kv_cache_memory_bytes'], chat['docker_memory_bytes'],
+                   embed['docker_memory_bytes'], shrunk['models'][0]['kv_cache_memory_bytes'],
+                   shrunk['models'][1]['kv_cache_memory_bytes']):
+        assert str(figure) in section, figure
+    for figure in ('%.2f' % chat['fixed_gib'], '%.2f' % chat['kv_need_gib'], '%.2f' % embed['fixed_gib'],
+                   '%.2f' % fits['host']['cap_gib'], '%.2f' % fits['host']['headroom_gib'],
+                   '%.2f' % shrunk['models'][0]['kv_budget_gib'], '%.3f' % chat['gmu'], '%.3f' % embed['gmu']):
+        assert '**%s' % figure in section or figure in section, figure
+    # the refusal quoted in the docs is the filter's, word for word (the docs wrap its lines)
+    assert ' '.join(refused(gib=40).split()) in ' '.join(section.split())
