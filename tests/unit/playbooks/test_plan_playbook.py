@@ -315,3 +315,20 @@ def test_plan_refuses_a_set_too_big_naming_each_model(tmp_path):
     assert 'UNREACHABLE' not in log
     assert 'Finalization of task args' not in log and 'Error while resolving' not in log, log
     assert not out.exists()
+
+
+def test_a_two_model_spark_reads_only_memtotal_from_the_host(tmp_path):
+    """MemTotal not given: read from /proc/meminfo (this machine, local connection); the models'
+    figures are given, so nothing else is read."""
+    small = [dict(m, weight_bytes=GIB // 16, overhead_gib=0.25, kv_target_gib=0.25, max_model_len=2048)
+             for m in TWO_MODELS]
+    inventory = batch_inventory(tmp_path, {'local-two': {'spark_models': small, 'memory_plan_host_reserve_gib': 1}})
+    out = tmp_path / 'plan.json'
+    doc = play_json(PLAN, inventory=inventory, connection=None, args=['-e', 'plan_json_path=%s' % out, '--check'])
+    assert host_failure(doc, 'local-two') is None, host_failure(doc, 'local-two')
+    entry = json.loads(out.read_text())['local-two']
+    assert entry['sources'] == {'mem_total_gib': '/proc/meminfo'}
+    with open('/proc/meminfo') as handle:
+        kib = int(handle.readline().split()[1])
+    assert entry['host_plan']['host']['mem_total_gib'] == pytest.approx(kib / 1048576.0, abs=0.01)
+    assert [m['name'] for m in entry['host_plan']['models']] == ['chat', 'embed']
