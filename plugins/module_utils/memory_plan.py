@@ -22,6 +22,7 @@ __metaclass__ = type
 import json
 import math
 import os
+import re
 from decimal import Context, Decimal, InvalidOperation, ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN
 
 from ansible_collections.sparkops.appliance.plugins.module_utils._meminfo import (
@@ -367,13 +368,10 @@ def _refuse_config(what, fix='set memory_plan_kv_bytes_per_token'):
                            "request: %s; %s" % (what, fix))
 
 
-def compute_plan(raw):
-    """The SPEC section 3 plan (per node when tensor_parallel_size > 1).
-
-    Returns a dict of floats/ints/bools (see the filter's RETURN for each key); raises
-    MemoryPlanError for bad inputs and for a plan vLLM would refuse.
-    """
-    inp = normalize_inputs(raw)
+def _model_costs(inp):
+    """One model's own costs on this node (SPEC section 3, the lines above ``wish``): w, fixed and
+    the KV of one max-length request, from normalised inputs. Shared by :func:`compute_plan` and
+    :func:`compute_host_plan` (SPEC section 13), so both count a model the same way."""
     tp = inp['tensor_parallel_size']
     mtp = inp['mtp_enabled']
 
@@ -441,6 +439,26 @@ def compute_plan(raw):
         raise _refuse_config('it gives no layer that holds a KV cache or a recurrent state')
     kv_need = _CTX.divide(kv_request, GIB)
 
+    return {'w': w, 'weights_total': weights_total, 'comm': comm, 'fixed': fixed, 'kv_mult': kv_mult,
+            'kv_bpt': kv_bpt, 'kv_source': kv_source, 'kv': kv, 'config_kv': config_kv, 'measured': measured,
+            'kv_config_error': kv_config_error, 'kv_token_bytes': kv_token_bytes, 'kv_cost': kv_cost,
+            'length': length, 'kv_request': kv_request, 'kv_need': kv_need}
+
+
+def compute_plan(raw):
+    """The SPEC section 3 plan (per node when tensor_parallel_size > 1).
+
+    Returns a dict of floats/ints/bools (see the filter's RETURN for each key); raises
+    MemoryPlanError for bad inputs and for a plan vLLM would refuse.
+    """
+    inp = normalize_inputs(raw)
+    costs = _model_costs(inp)
+    w, weights_total, comm, fixed = costs['w'], costs['weights_total'], costs['comm'], costs['fixed']
+    kv_mult, kv_bpt, kv_source, kv = costs['kv_mult'], costs['kv_bpt'], costs['kv_source'], costs['kv']
+    config_kv, measured, kv_config_error = costs['config_kv'], costs['measured'], costs['kv_config_error']
+    kv_token_bytes, kv_cost, length = costs['kv_token_bytes'], costs['kv_cost'], costs['length']
+    kv_request, kv_need = costs['kv_request'], costs['kv_need']
+
     wish = _CTX.add(fixed, max(kv_need, inp['kv_target_gib']))
     mem_total = inp['mem_total_gib']
     if inp['host_reserve_gib'] >= mem_total:
@@ -465,24 +483,7 @@ def compute_plan(raw):
     max_len_fit = kv_cost.longest(_CTX.multiply(kv_exp, GIB))
     docker_memory = _CTX.add(budget, inp['docker_headroom_gib'])
 
-    warnings = []
-    seqs = inp['max_num_seqs']
-    if _CTX.multiply(Decimal(seqs), kv_need) > kv_exp:
-        warnings.append(
-            'at most %d of %d sequences can be at max length at once: %d x kv_need %s GiB '
-            '> kv_exp %s GiB (max_num_seqs bounds concurrency, not full-length concurrency; '
-            'to make all fit lower memory_plan_max_num_seqs or memory_plan_max_model_len, or '
-            'raise memory_plan_kv_target_gib)'
-            % (full_length_fit, seqs, seqs, _fmt(kv_need), _fmt(kv_exp))
-            + _state_note(kv_cost.recurrent))
-    state_room = _CTX.multiply(Decimal(seqs), kv_cost.recurrent)
-    if kv_cost.recurrent and state_room > _CTX.multiply(kv_exp, GIB):
-        warnings.append(
-            'the recurrent state alone does not fit max_num_seqs sequences: %d x %s GiB > kv_exp %s GiB, '
-            'so at most %d sequences of any length run at once (lower memory_plan_max_num_seqs, or raise '
-            'memory_plan_kv_target_gib)'
-            % (seqs, _fmt(_CTX.divide(kv_cost.recurrent, GIB), 3), _fmt(kv_exp),
-               _floor_int(_CTX.multiply(kv_exp, GIB), kv_cost.recurrent)))
+    warnings = _seq_warnings(inp['max_num_seqs'], kv_need, kv_exp, kv_cost, full_length_fit)
 
     plan = {
         'weights_gib': _f(w),
@@ -526,6 +527,29 @@ def compute_plan(raw):
         'inputs': _echo_inputs(inp, kv_mult),
     }
     return plan
+
+
+def _seq_warnings(seqs, kv_need, kv_exp, kv_cost, full_length_fit, room='kv_exp'):
+    """The warnings of a KV room of kv_exp GiB for max_num_seqs sequences (docs "Refusals and warnings");
+    ``room`` names that room in the text (the host plan's is a model's KV budget)."""
+    warnings = []
+    if _CTX.multiply(Decimal(seqs), kv_need) > kv_exp:
+        warnings.append(
+            'at most %d of %d sequences can be at max length at once: %d x kv_need %s GiB '
+            '> %s %s GiB (max_num_seqs bounds concurrency, not full-length concurrency; '
+            'to make all fit lower memory_plan_max_num_seqs or memory_plan_max_model_len, or '
+            'raise memory_plan_kv_target_gib)'
+            % (full_length_fit, seqs, seqs, _fmt(kv_need), room, _fmt(kv_exp))
+            + _state_note(kv_cost.recurrent))
+    state_room = _CTX.multiply(Decimal(seqs), kv_cost.recurrent)
+    if kv_cost.recurrent and state_room > _CTX.multiply(kv_exp, GIB):
+        warnings.append(
+            'the recurrent state alone does not fit max_num_seqs sequences: %d x %s GiB > %s %s GiB, '
+            'so at most %d sequences of any length run at once (lower memory_plan_max_num_seqs, or raise '
+            'memory_plan_kv_target_gib)'
+            % (seqs, _fmt(_CTX.divide(kv_cost.recurrent, GIB), 3), room, _fmt(kv_exp),
+               _floor_int(_CTX.multiply(kv_exp, GIB), kv_cost.recurrent)))
+    return warnings
 
 
 def _echo_inputs(inp, kv_mult):
@@ -575,6 +599,325 @@ def _refuse_kv(inp, kv_exp, kv_need, kv_cost, squeezed, step_gib, fixed, cap):
         'turn MTP off (memory_plan_mtp_enabled), or split the model with '
         'memory_plan_tensor_parallel_size.'
         % (_fmt(cap), lower_len, _fmt(short, 3)))
+
+
+# --------------------------------------------------------------------------------------------
+# Several models on one Spark: one plan for the host (SPEC section 13)
+# --------------------------------------------------------------------------------------------
+#
+# Each vLLM process's --gpu-memory-utilization is a fraction of the whole unified memory, so models
+# planned one by one overcommit it. The host plan shares one cap between the models: each gets its
+# fixed cost and an explicit KV budget (--kv-cache-memory-bytes) and its own container cap; a set
+# that does not fit is refused before anything changes. docs/memory-plan.md, "Several models on one
+# Spark (SPEC §13)", gives the arithmetic and a worked example.
+
+#: An entry of spark_models: these keys name and place the model (the plan checks them) ...
+MODEL_IDENTITY = ('name', 'priority', 'port')
+#: ... these are the model's own settings the plan does not read (the checkpoint and serve roles do).
+MODEL_SETTINGS = ('checkpoint_source', 'checkpoint_revision', 'checkpoint_url', 'checkpoint_hf_repo',
+                  'checkpoint_src_path', 'extra_args')
+#: Plan inputs that belong to the host, not to a model (memory_plan_mem_total_gib, _host_reserve_gib).
+HOST_INPUTS = ('mem_total_gib', 'host_reserve_gib')
+#: What an entry leaves out: the memory_plan role's defaults of the same knobs (roles/memory_plan/
+#: defaults/main.yml; a unit test keeps them equal). Not the host's memory_plan_* values: those are
+#: the single model's, and an entry of spark_models is a model of its own.
+MODEL_DEFAULTS = {
+    'ple_gib': 0,
+    'mtp_enabled': False,
+    'mtp_off_credit_gib': 0,
+    'overhead_gib': 5.60,
+    'mtp_gib': 1.49,
+    'kv_cache_dtype': 'auto',
+    'kv_target_gib': 20,
+    'max_num_seqs': 8,
+}
+_SAFE_NAME = re.compile(r'^[a-z0-9][a-z0-9._-]*$')
+_MODEL_VAR = re.compile(r'\bmemory_plan_(\w+)')
+
+
+def _ceil2(dec):
+    return _fmt(dec.quantize(Decimal('0.01'), rounding=ROUND_CEILING))
+
+
+def _model_where(i, name=None):
+    return 'spark_models[%d]%s' % (i, ' (%s)' % name if name else '')
+
+
+def _model_vars(text, i):
+    """A plan message retold for entry i of spark_models: its memory_plan_x are spark_models[i].x."""
+    def knob(match):
+        key = match.group(1)
+        if key in HOST_INPUTS:
+            return match.group(0)
+        return 'spark_models[%d].%s' % (i, key)
+    return _MODEL_VAR.sub(knob, text)
+
+
+def _as_model_error(exc, i, name):
+    """A plan input's refusal, retold for an entry of spark_models (see _model_vars)."""
+    text = _model_vars(str(exc), i)
+    if text.startswith('memory_plan: '):
+        text = text[len('memory_plan: '):]
+    return MemoryPlanError('memory_plan: %s: %s' % (_model_where(i, name), text))
+
+
+def _whole(where, value, low, high=None, what='a whole number'):
+    """A whole number from an int or a numeric string (never a boolean), in [low, high]."""
+    dec = None
+    if not isinstance(value, bool) and isinstance(value, (int, str)):
+        try:
+            dec = Decimal(str(value).strip())
+        except InvalidOperation:
+            dec = None
+    if dec is None or not dec.is_finite() or dec != dec.to_integral_value():
+        raise MemoryPlanError('memory_plan: %s is %r, not a whole number: give %s' % (where, value, what))
+    if dec < low or (high is not None and dec > high):
+        raise MemoryPlanError('memory_plan: %s is %s: give %s' % (where, dec, what))
+    return int(dec)
+
+
+def _safe_name(where, value, seen, what):
+    if not isinstance(value, str) or not _SAFE_NAME.match(value):
+        raise MemoryPlanError("memory_plan: %s is %r: give %s, a name of lower-case letters, digits, '.', '_' "
+                              "and '-' that starts with a letter or digit ([a-z0-9][a-z0-9._-]*)"
+                              % (where, value, what))
+    if value in seen:
+        raise MemoryPlanError("memory_plan: %s is %r, the name of %s too: give each a name of its own"
+                              % (where, value, seen[value]))
+    return value
+
+
+def _colocated(services):
+    """[(name, GiB)] of spark_colocated_services, checked."""
+    if services is None:
+        return []
+    if not isinstance(services, list):
+        raise MemoryPlanError('memory_plan: spark_colocated_services is %s, not a list: give a list of '
+                              '{name, gib} (or [] for none)' % type(services).__name__)
+    out, seen = [], {}
+    for i, service in enumerate(services):
+        where = 'spark_colocated_services[%d]' % i
+        if not isinstance(service, dict):
+            raise MemoryPlanError('memory_plan: %s is %r, not a mapping: give {name: ..., gib: ...}' % (where, service))
+        unknown = sorted(str(k) for k in service if k not in ('name', 'gib'))
+        if unknown:
+            raise MemoryPlanError('memory_plan: %s has unknown key(s) %s: a co-located service is a name and '
+                                  'its gib' % (where, ', '.join(unknown)))
+        name = _safe_name(where + '.name', service.get('name'), seen, "the service's name")
+        seen[name] = where
+        gib = service.get('gib')
+        try:
+            dec = None if gib is None else _to_decimal('gib', gib)
+        except MemoryPlanError:
+            dec = None
+        if dec is None or dec < 0:
+            raise MemoryPlanError('memory_plan: %s.gib is %r: give the GiB the service %s takes at most '
+                                  '(a number >= 0)' % (where, gib, name))
+        out.append((name, dec))
+    return out
+
+
+def _model_inputs(i, entry, mem_total, host_reserve, seen):
+    """One entry of spark_models: (name, priority, port, normalised plan inputs)."""
+    where = _model_where(i)
+    if not isinstance(entry, dict):
+        raise MemoryPlanError('memory_plan: %s is %r, not a mapping: give the model as {name, priority, '
+                              'port, weight_bytes, ...}' % (where, entry))
+    name = _safe_name(where + '.name', entry.get('name'), seen['name'], "the model's name")
+    seen['name'][name] = where
+    allowed = set(MODEL_IDENTITY) | set(MODEL_SETTINGS) | (set(INPUTS) - set(HOST_INPUTS))
+    host_level = sorted(str(k) for k in entry if k in HOST_INPUTS)
+    if host_level:
+        raise MemoryPlanError('memory_plan: %s: %s belong(s) to the host, not to a model: set %s instead'
+                              % (_model_where(i, name), ', '.join(host_level),
+                                 ' and '.join(VAR_PREFIX + k for k in host_level)))
+    unknown = sorted(str(k) for k in entry if k not in allowed)
+    if unknown:
+        raise MemoryPlanError('memory_plan: %s: unknown key(s) %s; a model takes %s'
+                              % (_model_where(i, name), ', '.join(unknown), ', '.join(sorted(allowed))))
+    numbers = {}
+    for key, low, high, what in (('priority', None, None, 'a whole number, unique on this host (higher is '
+                                  'more important)'),
+                                 ('port', 1, 65535, 'a TCP port (1-65535), unique on this host')):
+        where_key = '%s.%s' % (where, key)
+        if entry.get(key) is None:
+            raise MemoryPlanError('memory_plan: %s is missing: give %s' % (where_key, what))
+        value = _whole(where_key, entry[key], low if low is not None else -(10 ** 9), high, what)
+        if value in seen[key]:
+            raise MemoryPlanError('memory_plan: %s is %d, the %s of %s too: give %s'
+                                  % (where_key, value, key, seen[key][value], what))
+        seen[key][value] = '%s.%s' % (_model_where(i, name), key)
+        numbers[key] = value
+    raw = dict((k, v) for k, v in entry.items() if k in INPUTS and v is not None)
+    for key, value in MODEL_DEFAULTS.items():
+        if key == 'ple_gib' and 'ple_bytes' in raw:
+            continue
+        raw.setdefault(key, value)
+    raw['mem_total_gib'] = mem_total
+    raw['host_reserve_gib'] = host_reserve
+    try:
+        inp = normalize_inputs(raw)
+    except MemoryPlanError as exc:
+        raise _as_model_error(exc, i, name) from exc
+    if inp['tensor_parallel_size'] != 1:
+        raise MemoryPlanError(
+            'memory_plan: %s: tensor_parallel_size is %d; several models on one Spark are planned at '
+            'tensor parallel 1 only (SPEC section 13): set spark_models[%d].tensor_parallel_size to 1, or '
+            'serve a tensor-parallel model alone with the single-model memory_plan_* variables'
+            % (_model_where(i, name), inp['tensor_parallel_size'], i))
+    return name, numbers['priority'], numbers['port'], inp
+
+
+def _refuse_host(models, cap, need, mem_total, host_reserve, colocated):
+    short = _CTX.subtract(need, cap)
+    parts = ['%s (priority %d): fixed %s, kv_need %s, wish %s GiB'
+             % (m['name'], m['priority'], _fmt(m['fixed']), _fmt(m['kv_need']),
+                _fmt(_CTX.add(m['fixed'], m['kv_wish']))) for m in models]
+    services = ', '.join('%s %s' % (n, _fmt(g)) for n, g in colocated) or 'none'
+    lowest = min(models, key=lambda m: m['priority'])
+    raise MemoryPlanError(
+        'memory_plan: the models of spark_models do not fit this Spark: they need at least %s GiB '
+        '(each its fixed cost and the KV of one max-length request), the shared cap is %s GiB '
+        '(mem_total_gib %s - host_reserve_gib %s - co-located %s GiB: %s), %s GiB short. '
+        'Each model: %s. To fit, free %s GiB: lower memory_plan_host_reserve_gib or a '
+        'spark_colocated_services[i].gib; lower a model\'s spark_models[i].max_model_len or '
+        'spark_models[i].overhead_gib, use an fp8 spark_models[i].kv_cache_dtype, turn '
+        'spark_models[i].mtp_enabled off; or leave a model out of spark_models (the lowest priority: %s).'
+        % (_fmt(need), _fmt(cap), _fmt(mem_total), _fmt(host_reserve),
+           _fmt(sum((g for _n, g in colocated), Decimal(0))), services, _ceil2(short), '; '.join(parts),
+           _ceil2(short), lowest['name']))
+
+
+def _bytes(gib):
+    return int(_CTX.multiply(gib, GIB).to_integral_value(rounding=ROUND_FLOOR))
+
+
+def compute_host_plan(models, mem_total_gib, host_reserve_gib, colocated_services=None):
+    """One plan for several models on one Spark (SPEC section 13), tensor parallel 1.
+
+    ``models``: the host's spark_models (each entry a name, a priority, a port and the model's plan
+    inputs as the memory_plan filter takes them, without mem_total_gib and host_reserve_gib);
+    ``colocated_services``: spark_colocated_services, [{name, gib}].
+
+    cap = mem_total - host_reserve - sum(co-located GiB). Each model costs its fixed GiB and a KV
+    budget between its kv_need (one max-length request) and its KV wish max(kv_need, kv_target).
+    All wishes fit: each model gets its wish, the rest of the cap stays free (headroom). Only the
+    needs fit: each model gets its kv_need, and what is left goes to the wishes in priority order
+    (highest first). Not even the needs fit: MemoryPlanError naming each model and the shortfall.
+
+    Returns {'models': [per model, in the given order], 'host': {...}, 'warnings': [...]} (the
+    memory_host_plan filter's RETURN).
+    """
+    mem_total = _check_input('mem_total_gib', mem_total_gib if mem_total_gib is not None else _missing('mem_total_gib'))
+    host_reserve = _check_input('host_reserve_gib', host_reserve_gib if host_reserve_gib is not None
+                                else _missing('host_reserve_gib'))
+    colocated = _colocated(colocated_services)
+    if not isinstance(models, list) or not models:
+        raise MemoryPlanError('memory_plan: spark_models is %r: give a non-empty list of models (or leave it '
+                              'unset, [], for the single-model memory_plan_* variables)'
+                              % (models if not isinstance(models, list) else []))
+    seen = {'name': {}, 'priority': {}, 'port': {}}
+    planned = []
+    for i, entry in enumerate(models):
+        # the host's figures as given (checked above), so each model's inputs are checked as the plan's
+        name, priority, port, inp = _model_inputs(i, entry, mem_total_gib, host_reserve_gib, seen)
+        try:
+            costs = _model_costs(inp)
+        except MemoryPlanError as exc:
+            raise _as_model_error(exc, i, name) from exc
+        kv_wish = max(costs['kv_need'], inp['kv_target_gib'])
+        planned.append({'i': i, 'name': name, 'priority': priority, 'port': port, 'inp': inp,
+                        'costs': costs, 'fixed': costs['fixed'], 'kv_need': costs['kv_need'],
+                        'kv_wish': kv_wish})
+
+    colocated_gib = sum((g for _n, g in colocated), Decimal(0))
+    cap = _CTX.subtract(_CTX.subtract(mem_total, host_reserve), colocated_gib)
+    if cap <= 0:
+        raise MemoryPlanError(
+            'memory_plan: host_reserve_gib %s + the co-located services %s GiB leave nothing of mem_total_gib %s '
+            'for the models: lower memory_plan_host_reserve_gib or the spark_colocated_services gib'
+            % (_fmt(host_reserve), _fmt(colocated_gib), _fmt(mem_total)))
+    fixed_sum = sum((m['fixed'] for m in planned), Decimal(0))
+    need_sum = sum((m['kv_need'] for m in planned), Decimal(0))
+    wish_sum = sum((m['kv_wish'] for m in planned), Decimal(0))
+    least = _CTX.add(fixed_sum, need_sum)
+    if least > cap:
+        _refuse_host(planned, cap, least, mem_total, host_reserve, colocated)
+
+    squeezed = _CTX.add(fixed_sum, wish_sum) > cap
+    if not squeezed:
+        for m in planned:
+            m['kv'] = m['kv_wish']
+    else:
+        room = _CTX.subtract(cap, least)
+        for m in sorted(planned, key=lambda m: -m['priority']):
+            extra = min(_CTX.subtract(m['kv_wish'], m['kv_need']), room)
+            m['kv'] = _CTX.add(m['kv_need'], extra)
+            room = _CTX.subtract(room, extra)
+
+    out, warnings = [], []
+    models_gib = Decimal(0)
+    for m in planned:
+        inp, costs, kv = m['inp'], m['costs'], m['kv']
+        budget = _CTX.add(m['fixed'], kv)
+        models_gib = _CTX.add(models_gib, budget)
+        docker = _CTX.add(budget, inp['docker_headroom_gib'])
+        fit = _floor_int(kv, m['kv_need'])
+        model_warnings = [_model_vars(w, m['i']) for w in _seq_warnings(
+            inp['max_num_seqs'], m['kv_need'], kv, costs['kv_cost'], fit, room='KV budget')]
+        warnings.extend('%s: %s' % (m['name'], w) for w in model_warnings)
+        out.append({
+            'name': m['name'],
+            'priority': m['priority'],
+            'port': m['port'],
+            'weights_gib': _f(costs['w']),
+            'ple_gib': _f(inp['ple_gib']),
+            'fixed_gib': _f(m['fixed']),
+            'kv_bytes_per_token': _f(costs['kv_bpt']),
+            'kv_source': costs['kv_source'],
+            'kv_mult': _f(costs['kv_mult']),
+            'kv_request_bytes': _f(costs['kv_request']),
+            'kv_need_gib': _f(m['kv_need']),
+            'kv_target_gib': _f(inp['kv_target_gib']),
+            'kv_wish_gib': _f(m['kv_wish']),
+            'wish_gib': _f(_CTX.add(m['fixed'], m['kv_wish'])),
+            'kv_budget_gib': _f(kv),
+            'kv_cache_memory_bytes': _bytes(kv),
+            'budget_gib': _f(budget),
+            'budget_bytes': _bytes(budget),
+            'gmu': _f(_CTX.divide(Decimal(_floor_int(_CTX.multiply(budget, Decimal(1000)), mem_total)),
+                                  Decimal(1000))),
+            'docker_memory_gib': _f(docker),
+            'docker_memory_bytes': _bytes(docker),
+            'full_length_fit': fit,
+            'max_model_len_fit': costs['kv_cost'].longest(_CTX.multiply(kv, GIB)),
+            'squeezed': kv < m['kv_wish'],
+            'warnings': model_warnings,
+            'inputs': _echo_inputs(inp, costs['kv_mult']),
+        })
+    headroom = _CTX.subtract(cap, models_gib)
+    host = {
+        'mem_total_gib': _f(mem_total),
+        'host_reserve_gib': _f(host_reserve),
+        'colocated': [{'name': n, 'gib': _f(g)} for n, g in colocated],
+        'colocated_gib': _f(colocated_gib),
+        'cap_gib': _f(cap),
+        'fixed_gib': _f(fixed_sum),
+        'kv_need_gib': _f(need_sum),
+        'kv_wish_gib': _f(wish_sum),
+        'wish_gib': _f(_CTX.add(fixed_sum, wish_sum)),
+        'least_gib': _f(least),
+        'kv_budget_gib': _f(sum((m['kv'] for m in planned), Decimal(0))),
+        'models_gib': _f(models_gib),
+        'headroom_gib': _f(headroom),
+        'total_gib': _f(_CTX.add(_CTX.add(_CTX.add(models_gib, colocated_gib), host_reserve), headroom)),
+        'squeezed': squeezed,
+    }
+    return {'models': out, 'host': host, 'warnings': warnings}
+
+
+def _missing(name):
+    raise _error(name, 'is missing', 'set %s' % _knob(name))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1244,4 +1587,52 @@ def plan_table(plans, sources=None):
     for h in hosts:
         for text in plans[h].get('warnings', []):
             lines.append('WARNING %s: %s' % (h, text))
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# The --no-launch table of host plans (several models on one Spark, SPEC section 13)
+# --------------------------------------------------------------------------------------------
+
+HOST_PLAN_COLUMNS = ('host', 'model', 'priority', 'port', 'fixed GiB', 'kv_need GiB', 'KV wish GiB',
+                     'KV budget GiB', 'kv-cache-memory-bytes', 'GiB', 'docker --memory GiB',
+                     'full-length reqs', 'squeezed')
+
+
+def host_plan_rows(host, plan):
+    """The rows of one host's plan: one per model, then the co-located services, the host reserve,
+    the headroom and the total (MemTotal), each in the GiB column."""
+    rows = []
+    for m in plan['models']:
+        rows.append((host, m['name'], str(m['priority']), str(m['port']), _cell(m['fixed_gib']),
+                     _cell(m['kv_need_gib'], 3), _cell(m['kv_wish_gib']), _cell(m['kv_budget_gib']),
+                     str(m['kv_cache_memory_bytes']), _cell(m['budget_gib']), _cell(m['docker_memory_gib']),
+                     str(m['full_length_fit']), _cell(m['squeezed'])))
+    h = plan['host']
+    blank = ('',) * 7
+    for service in h['colocated']:
+        rows.append((host, 'co-located: %s' % service['name']) + blank + (_cell(service['gib']), '', '', ''))
+    rows.append((host, 'host reserve') + blank + (_cell(h['host_reserve_gib']), '', '', ''))
+    rows.append((host, 'headroom (not planned)') + blank + (_cell(h['headroom_gib']), '', '', ''))
+    rows.append((host, 'total = MemTotal') + blank + (_cell(h['total_gib']), '', '', _cell(h['squeezed'])))
+    return rows
+
+
+def host_plan_table(plans):
+    """Lines of a table of host plans ({host: host plan}): a row per model and the host's total."""
+    if not isinstance(plans, dict) or not plans:
+        raise MemoryPlanError('memory_host_plan_table: expected a non-empty {host: host plan} mapping')
+    rows = []
+    for host in sorted(plans):
+        rows.extend(host_plan_rows(host, plans[host]))
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(HOST_PLAN_COLUMNS)]
+
+    def line(cells):
+        return ' | '.join(c.ljust(w) if i < 2 else c.rjust(w)
+                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    lines = [line(HOST_PLAN_COLUMNS), '-+-'.join('-' * w for w in widths)]
+    lines.extend(line(r) for r in rows)
+    for host in sorted(plans):
+        for text in plans[host].get('warnings', []):
+            lines.append('WARNING %s %s' % (host, text))
     return lines

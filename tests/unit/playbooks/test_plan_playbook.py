@@ -245,3 +245,90 @@ def test_never_gather_with_a_missing_value_names_it(local_runs):
     assert case.failure is not None and case.stats['failures'] != 0 and case.entry is None
     log = case.failure.get('msg', '')
     assert "'mem_total_gib' (memory_plan_mem_total_gib) is missing" in log, case.failure
+
+
+# Several models on one Spark (SPEC §13): the golden set of test_memory_host_plan.py.
+TWO_MODELS = [
+    {'name': 'chat', 'priority': 10, 'port': 8000, 'weight_bytes': 40 * GIB, 'max_model_len': 131072,
+     'kv_bytes_per_token': 65536, 'kv_cache_dtype': 'fp8', 'kv_target_gib': 20,
+     'checkpoint_source': 'huggingface', 'checkpoint_revision': '0' * 40},
+    {'name': 'embed', 'priority': 5, 'port': 8001, 'weight_bytes': 8 * GIB, 'overhead_gib': 2.5,
+     'max_model_len': 32768, 'kv_bytes_per_token': 16384, 'kv_target_gib': 2, 'max_num_seqs': 4},
+]
+
+
+def host_plan_inventory(tmp_path, hosts):
+    """The example inventory's group vars (every value given) and these hosts at unreachable
+    addresses (TEST-NET-1): a connection attempt would fail the run."""
+    with open(os.path.join(ROOT, 'inventories', 'example', 'group_vars', 'sparks', 'main.yml')) as handle:
+        group_vars = yaml.safe_load(handle)
+    members = dict((name, dict(ansible_host='192.0.2.%d' % (i + 10), **extra))
+                   for i, (name, extra) in enumerate(sorted(hosts.items())))
+    path = tmp_path / 'inventory.yml'
+    path.write_text(yaml.safe_dump({'all': {'children': {'sparks': {'hosts': members, 'vars': group_vars}}}}))
+    return str(path), group_vars
+
+
+def test_plan_shows_a_row_per_model_of_a_two_model_spark_without_connecting(tmp_path):
+    inventory, group_vars = host_plan_inventory(tmp_path, {
+        'spark-single': {},
+        'spark-two': {'spark_models': TWO_MODELS,
+                      'spark_colocated_services': [{'name': 'image-gen', 'gib': 12}]},
+    })
+    out = tmp_path / 'plan.json'
+    rc, log = run_plan(inventory, out, '--check')
+    assert rc == 0, log
+    assert 'UNREACHABLE' not in log and 'unreachable=1' not in log
+    report = json.loads(out.read_text())
+    # the single Spark: exactly today's plan and report
+    assert report['spark-single']['plan'] == memory_plan(example_inputs(group_vars))
+    assert sorted(report['spark-single']) == ['plan', 'ple_runtime', 'sources']
+    # the two-model Spark: one plan for the host, the golden figures
+    entry = report['spark-two']
+    assert sorted(entry) == ['host_plan', 'sources'] and entry['sources'] == {'mem_total_gib': 'given'}
+    host_plan = entry['host_plan']
+    assert [(m['name'], m['kv_cache_memory_bytes'], m['docker_memory_bytes']) for m in host_plan['models']] == [
+        ('chat', 21474836480, 75806172774), ('embed', 2147483648, 18790481920)]
+    assert host_plan['host']['cap_gib'] == 83.69 and host_plan['host']['headroom_gib'] == 5.59
+    assert host_plan['host']['total_gib'] == 121.69
+    # both tables: the single Spark's column, and a row per model with the host's total
+    table = log[log.index('TASK [Print the memory plan]'):log.index('TASK [Print the host plans')]
+    assert 'spark-single' in table and 'spark-two' not in table
+    rows = log[log.index('TASK [Print the host plans'):]
+    for needle in ('spark-two | chat', '21474836480', 'spark-two | embed', '2147483648',
+                   'co-located: image-gen', 'total = MemTotal', '121.69'):
+        assert needle in rows, rows
+
+
+def test_plan_refuses_a_set_too_big_naming_each_model(tmp_path):
+    inventory, _group_vars = host_plan_inventory(tmp_path, {
+        'spark-two': {'spark_models': TWO_MODELS,
+                      'spark_colocated_services': [{'name': 'image-gen', 'gib': 40}]},
+    })
+    out = tmp_path / 'plan.json'
+    rc, log = run_plan(inventory, out, '--check')
+    assert rc != 0
+    for needle in ('do not fit this Spark', 'chat (priority 10): fixed 45.60, kv_need 4.64, wish 65.60 GiB',
+                   'embed (priority 5): fixed 10.50, kv_need 0.50, wish 12.50 GiB', '5.55 GiB short',
+                   'memory_plan_host_reserve_gib', 'spark_colocated_services[i].gib'):
+        assert needle in log, log
+    assert 'UNREACHABLE' not in log
+    assert 'Finalization of task args' not in log and 'Error while resolving' not in log, log
+    assert not out.exists()
+
+
+def test_a_two_model_spark_reads_only_memtotal_from_the_host(tmp_path):
+    """MemTotal not given: read from /proc/meminfo (this machine, local connection); the models'
+    figures are given, so nothing else is read."""
+    small = [dict(m, weight_bytes=GIB // 16, overhead_gib=0.25, kv_target_gib=0.25, max_model_len=2048)
+             for m in TWO_MODELS]
+    inventory = batch_inventory(tmp_path, {'local-two': {'spark_models': small, 'memory_plan_host_reserve_gib': 1}})
+    out = tmp_path / 'plan.json'
+    doc = play_json(PLAN, inventory=inventory, connection=None, args=['-e', 'plan_json_path=%s' % out, '--check'])
+    assert host_failure(doc, 'local-two') is None, host_failure(doc, 'local-two')
+    entry = json.loads(out.read_text())['local-two']
+    assert entry['sources'] == {'mem_total_gib': '/proc/meminfo'}
+    with open('/proc/meminfo') as handle:
+        kib = int(handle.readline().split()[1])
+    assert entry['host_plan']['host']['mem_total_gib'] == pytest.approx(kib / 1048576.0, abs=0.01)
+    assert [m['name'] for m in entry['host_plan']['models']] == ['chat', 'embed']
