@@ -11,15 +11,17 @@ Reported: requests kept per path, median / p90 ms per path, and the ratio of the
 
 Usage (the built-in lab, after `make lab`):
   python3 benchmarks/gateway_latency.py [--rounds 60] [--gateway http://172.31.250.21:8080]
-      [--server spark-lab-1 --direct http://172.31.250.11:8000]
+      [--server spark-lab-1 --direct http://172.31.250.11:8000] [--keep-alive]
 Keys: the lab's (inventories/lab/group_vars/*/lab_overrides.yml), or --gateway-key / --server-key.
 """
 import argparse
+import http.client
 import json
 import os
 import statistics
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 import yaml
@@ -35,11 +37,24 @@ def lab_key(group, name):
     return value[0] if isinstance(value, list) else value
 
 
-def completion(url, key, model, max_tokens):
+_KEPT = {}   # --keep-alive: one HTTP/1.1 connection per base URL, as an API client's pool keeps it
+
+
+def completion(url, key, model, max_tokens, keep_alive=False):
     body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": max_tokens,
                        "temperature": 0}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body,
-                                 headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    headers = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}
+    if keep_alive:
+        start = time.perf_counter()
+        conn = _KEPT.get(url)
+        if conn is None:
+            parts = urllib.parse.urlsplit(url)
+            conn = _KEPT[url] = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=120)
+        conn.request("POST", "/v1/completions", body=body, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        return time.perf_counter() - start, resp.headers.get("X-Sparkops-Server", "")
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers=headers)
     start = time.perf_counter()
     with _NO_PROXY.open(req, timeout=120) as resp:
         resp.read()
@@ -61,17 +76,19 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--gateway-key", default=None)
     parser.add_argument("--server-key", default=None)
+    parser.add_argument("--keep-alive", action="store_true",
+                        help="one kept connection per path (an API client's pool) instead of a new one per request")
     args = parser.parse_args()
     gateway_key = args.gateway_key or lab_key("gateways", "vault_gateway_client_api_keys")
     server_key = args.server_key or lab_key("sparks", "vault_serve_api_key")
-    completion(args.direct, server_key, args.model, args.max_tokens)
-    completion(args.gateway, gateway_key, args.model, args.max_tokens)
+    completion(args.direct, server_key, args.model, args.max_tokens, args.keep_alive)
+    completion(args.gateway, gateway_key, args.model, args.max_tokens, args.keep_alive)
     direct, gateway, other = [], [], 0
     for _round in range(args.rounds):
-        direct.append(completion(args.direct, server_key, args.model, args.max_tokens)[0])
+        direct.append(completion(args.direct, server_key, args.model, args.max_tokens, args.keep_alive)[0])
         # the gateway balances over the backend's servers: ask until it is the same one (at most 5)
         for _try in range(5):
-            took, server = completion(args.gateway, gateway_key, args.model, args.max_tokens)
+            took, server = completion(args.gateway, gateway_key, args.model, args.max_tokens, args.keep_alive)
             if server == args.server:
                 gateway.append(took)
                 break
@@ -79,7 +96,7 @@ def main():
     if not gateway:
         sys.exit("no gateway answer came from %s (its X-Sparkops-Server): is --server the server --direct reaches?" % args.server)
     out = {
-        "rounds": args.rounds, "kept": {"direct": len(direct), "gateway": len(gateway)}, "other_server_answers": other,
+        "rounds": args.rounds, "keep_alive": args.keep_alive, "kept": {"direct": len(direct), "gateway": len(gateway)}, "other_server_answers": other,
         "direct_ms": {"median": round(statistics.median(direct) * 1000, 2), "p90": round(quantile(direct, 0.9) * 1000, 2)},
         "gateway_ms": {"median": round(statistics.median(gateway) * 1000, 2), "p90": round(quantile(gateway, 0.9) * 1000, 2)},
     }
