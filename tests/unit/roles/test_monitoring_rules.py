@@ -83,6 +83,8 @@ CASES = {
         case([("up{%s}" % NODE, "0x20")], "3m", True, dict(LABELS)),
         case([("up{%s}" % NODE, "1x20")], "3m", False),
         case([("up{%s}" % NODE, "1x8 0x4")], "3m", False),     # down for 1 minute only
+        # the package's default target, scraped before the collection's configuration was installed
+        case([('up{job="node",instance="localhost:9100"}', "0x20")], "3m", False),
     ],
     "SparkServerDown": [
         case([("up{%s}" % VLLM, "0x20")], "3m", True, dict(LABELS, job="vllm")),
@@ -140,6 +142,10 @@ CASES = {
              "13h", True, dict(LABELS), interval="1h"),
         case([("node_memory_MemTotal_bytes{%s}" % NODE, "%dx13" % (120 * GIB)),
               ("node_memory_MemAvailable_bytes{%s}" % NODE, "%dx13" % (80 * GIB))],
+             "13h", False, interval="1h"),
+        # 0.1 GiB an hour, but for 2 hours only (a new host, Prometheus just started): no window yet
+        case([("node_memory_MemTotal_bytes{%s}" % NODE, "_x11 %dx2" % (120 * GIB)),
+              ("node_memory_MemAvailable_bytes{%s}" % NODE, "_x11 %d-%dx2" % (80 * GIB, GIB // 10))],
              "13h", False, interval="1h"),
         # 0.02 GiB an hour: 0.24 GiB over 12 h, inside the band
         case([("node_memory_MemTotal_bytes{%s}" % NODE, "%dx13" % (120 * GIB)),
@@ -208,7 +214,7 @@ def test_the_rendered_rules_pass_promtool_check(tmp_path, doc):
 
 def test_a_broken_rule_is_refused_by_the_check_the_role_runs(tmp_path):
     """The role installs the rules with validate: promtool check rules %s; a bad expression must fail it."""
-    text = render("rules.yml.j2").replace("up{job=\"vllm\"} == 0", "up{job=\"vllm\" == 0")
+    text = render("rules.yml.j2").replace("up{job=\"vllm\", kind!=\"\"} == 0", "up{job=\"vllm\", kind!=\"\" == 0")
     path = tmp_path / "rules.yml"
     path.write_text(text)
     result = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, check=False)
