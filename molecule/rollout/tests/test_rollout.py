@@ -268,6 +268,26 @@ def tags():
     return {"before": dict((h, unit_image(h)) for h in HOSTS)}
 
 
+def test_prometheus_scrapes_every_spark_its_server_and_the_gateway():
+    """The monitoring role on the three and on the gateway's host (its monitors group): every node
+    exporter, every server's /metrics and the gateway's exporter are targets, all up, read from
+    Prometheus' HTTP API; no alert fires on the converged fleet."""
+    base = "http://%s:9090/api/v1/" % address(GATEWAY)
+    deadline, health = time.monotonic() + 180, {}
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(base + "targets", timeout=10) as resp:  # noqa: S310 (lab address)
+            targets = json.loads(resp.read())["data"]["activeTargets"]
+        health = {(t["labels"]["job"], t["labels"]["instance"]): t["health"] for t in targets}
+        if len(health) == 7 and set(health.values()) == {"up"}:
+            break
+        time.sleep(5)
+    assert health == dict([(("node", h), "up") for h in HOSTS] + [(("vllm", h), "up") for h in HOSTS]
+                          + [(("gateway", GATEWAY), "up")]), health
+    with urllib.request.urlopen(base + "alerts", timeout=10) as resp:  # noqa: S310 (lab address)
+        firing = [a["labels"] for a in json.loads(resp.read())["data"]["alerts"] if a["state"] == "firing"]
+    assert firing == [], firing
+
+
 def test_a_good_rollout_moves_every_host_to_the_new_tag_batch_by_batch(lb_dir, tags):
     """rollout_serial [1, 2]: the canary alone, then the other two together (a batch of more than one
     host; the default [1, '25%'] cuts 3 hosts into 1+1+1, which the filter's unit tests cover)."""
