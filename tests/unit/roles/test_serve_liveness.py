@@ -335,6 +335,10 @@ def test_the_kv_pool_vllm_allocated_and_the_plans_are_metrics_of_the_start(box):
     box.start("--plan-kv-bytes", "536870912")
     box.read_messages(lambda m: "READY=1" in m)
     assert "READY=1" in box.messages
+    # read after READY=1 (the unit turns active without waiting on the container's log)
+    deadline = time.monotonic() + 10
+    while "sparkops_serve_kv_pool_bytes" not in box.prom.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
     text = box.prom.read_text()
     assert 'sparkops_serve_kv_plan_bytes{unit="x.service"} 536870912\n' in text, text
     assert 'sparkops_serve_kv_pool_bytes{unit="x.service"} %d\n' % (2 ** 29) in text, text
