@@ -142,6 +142,27 @@ def batch_inventory(tmp_path, hosts, group="sparks", name="batch-inventory.json"
     return path
 
 
+VALIDATE_PLAY = """
+- name: Validate
+  hosts: validate
+  gather_facts: false
+  tasks:
+    - name: Validate
+      ansible.builtin.include_role:
+        name: sparkops.appliance.%s
+        tasks_from: validate
+"""
+
+
+def validate_batch(tmp_path, role, cases, name="validate.json"):
+    """A role's validate entry point (as site.yml's first play runs it) on one local host per case
+    ({host: its variables}), in one ansible-playbook start: the JSON callback's document."""
+    playbook = os.path.join(str(tmp_path), "validate-%s.yml" % role)
+    with open(playbook, "w") as handle:
+        handle.write(VALIDATE_PLAY % role)
+    return play_json(playbook, inventory=batch_inventory(tmp_path, cases, group="validate", name=name))
+
+
 def trusted(value):
     """value with every string in it (lists and mappings walked) marked trusted for templating."""
     from ansible.template import trust_as_template

@@ -2,21 +2,11 @@
 a plain http:// checkpoint_url, checkpoint_manifest or Hub endpoint is refused by tasks_from=validate,
 as site.yml's first play runs it, with a message naming the variable and the fix.
 
-One ansible-playbook start checks every case (harness.batch_inventory: one local host per case)."""
+One ansible-playbook start checks every case (harness.validate_batch: one local host per case)."""
 import pytest
 
-from harness import batch_inventory, host_results, play_json
+from harness import host_results, validate_batch
 
-PLAY = """
-- name: Validate
-  hosts: validate
-  gather_facts: false
-  tasks:
-    - name: Validate
-      ansible.builtin.include_role:
-        name: sparkops.appliance.checkpoint
-        tasks_from: validate
-"""
 SHA = "0123456789abcdef0123456789abcdef01234567"
 HF = {"checkpoint_source": "huggingface", "checkpoint_hf_repo": "org/model", "checkpoint_revision": SHA}
 CASES = {
@@ -38,9 +28,8 @@ CASES = {
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("checkpoint-allow-http")
-    (tmp_path / "play.yml").write_text(PLAY)
-    inventory = batch_inventory(tmp_path, {name: extra for name, (extra, _v) in CASES.items()}, group="validate")
-    return play_json(tmp_path / "play.yml", inventory=inventory)
+    return validate_batch(tmp_path, "checkpoint", {name: extra for name, (extra, _v) in CASES.items()},
+                          name="batch-inventory.json")
 
 
 def outcome(doc, host):

@@ -1,23 +1,12 @@
 """The monitoring role's input checks (tasks_from=validate, as site.yml's first play runs them): every bad
 value is refused with a message naming the variable, on the controller, before any host change.
 
-One ansible-playbook start checks every case (harness.batch_inventory: one local host per case)."""
+One ansible-playbook start checks every case (harness.validate_batch: one local host per case)."""
 import os
 
 import pytest
 
-from harness import ROOT, batch_inventory, host_results, play_json
-
-PLAY = """
-- name: Validate
-  hosts: validate
-  gather_facts: false
-  tasks:
-    - name: Validate
-      ansible.builtin.include_role:
-        name: sparkops.appliance.monitoring
-        tasks_from: validate
-"""
+from harness import ROOT, batch_inventory, host_results, play_json, validate_batch
 
 BAD = [
     ({"monitoring_prometheus_retention": "15 days"}, 'monitoring_prometheus_retention = "15 days": not a Prometheus duration'),
@@ -46,11 +35,10 @@ GOOD = {"ansible_host": "192.0.2.11", "monitoring_alertmanager_webhook_url": "ht
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("monitoring-validate")
-    (tmp_path / "play.yml").write_text(PLAY)
     cases = {"bad-%d" % i: extra for i, (extra, _m) in enumerate(BAD)}
     cases["good"] = GOOD
     cases["defaults"] = {}
-    return play_json(tmp_path / "play.yml", inventory=batch_inventory(tmp_path, cases, group="validate", name="v.json"))
+    return validate_batch(tmp_path, "monitoring", cases)
 
 
 def validate(doc, host):

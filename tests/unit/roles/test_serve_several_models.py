@@ -3,18 +3,7 @@ SPEC §13, not served yet) before any change, naming the variable and the fix; a
 is not refused by that check."""
 import pytest
 
-from harness import batch_inventory, host_results, play_json
-
-PLAY = """
-- name: Validate
-  hosts: validate
-  gather_facts: false
-  tasks:
-    - name: Validate
-      ansible.builtin.include_role:
-        name: sparkops.appliance.serve
-        tasks_from: validate
-"""
+from harness import host_results, validate_batch
 
 MODELS = [{"name": "chat", "priority": 10, "port": 8000}, {"name": "embed", "priority": 5, "port": 8001}]
 
@@ -22,9 +11,7 @@ MODELS = [{"name": "chat", "priority": 10, "port": 8000}, {"name": "embed", "pri
 @pytest.fixture(name="doc", scope="module")
 def fixture_doc(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("serve-models")
-    (tmp_path / "play.yml").write_text(PLAY)
-    cases = {"two-models": {"spark_models": MODELS}, "one-model": {}}
-    return play_json(tmp_path / "play.yml", inventory=batch_inventory(tmp_path, cases, group="validate", name="v.json"))
+    return validate_batch(tmp_path, "serve", {"two-models": {"spark_models": MODELS}, "one-model": {}})
 
 
 def failures(doc, host):
