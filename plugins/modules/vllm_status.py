@@ -178,6 +178,8 @@ METRICS = ("vllm:cache_config_info", "vllm:kv_cache_usage_perc", "vllm:num_reque
 _SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 # GPU workers log "Available KV cache memory: X GiB"; CPU workers "Explicitly set (X/Y) GiB for KV cache".
+# The serve unit's helper (roles/serve/files/serve-unit, KV_POOL_LINE) reads the same lines at each
+# start, a script on the host that cannot import this: a change here is a change there.
 _LOG_KV_GIB = re.compile(r"(?:Available KV cache memory:\s*|Explicitly set \()([0-9.]+)(?:\s*GiB|/)")
 _LOG_KV_TOKENS = re.compile(r"KV cache size:\s*([0-9,]+)\s*tokens")
 
