@@ -58,6 +58,18 @@ def write_text(module, path, text, mode=0o644):
     write_bytes(module, path, text.encode("utf-8"), mode)
 
 
+def drop_from_record(module, record, paths):
+    """Take paths, and whatever the record lists under them, out of the ownership record (a path the
+    collection removed is no longer its own). Nothing is written when the record lists none of them.
+    Returns whether it was written."""
+    known = read_record(record)
+    gone = set(p for p in known for top in paths if p == top or p.startswith(top.rstrip("/") + "/"))
+    if not gone:
+        return False
+    write_text(module, record, record_text(known - gone))
+    return True
+
+
 def add_to_record(module, record, paths):
     """Add paths to the ownership record at `record` (docs/runtime.md, "What the collection owns on
     a host"), written whole through write_bytes; its folder is made (0755) when missing. Nothing is

@@ -53,17 +53,18 @@ options:
         type: path
         required: true
       state:
-        description: C(directory) or C(file).
+        description:
+          - C(directory), C(file), or C(absent) (a file, link or whole folder the collection made, removed,
+            and dropped from the ownership record).
         type: str
-        choices: [directory, file]
+        choices: [directory, file, absent]
         default: file
       content:
         description: The whole text of the file (UTF-8). Required for O(files[].state=file).
         type: str
       mode:
-        description: Permissions, as an octal string such as C("0644").
+        description: Permissions, as an octal string such as C("0644"). Required but for O(files[].state=absent).
         type: str
-        required: true
       owner:
         description: Owner name; C("") leaves an existing path's owner as it is.
         type: str
@@ -148,11 +149,12 @@ units:
 
 import errno
 import os
+import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_bytes, to_native
 
-from ansible_collections.sparkops.appliance.plugins.module_utils._files import add_to_record, write_bytes
+from ansible_collections.sparkops.appliance.plugins.module_utils._files import add_to_record, drop_from_record, write_bytes
 from ansible_collections.sparkops.appliance.plugins.module_utils._owned import RECORD
 
 
@@ -228,6 +230,25 @@ def _file(module, entry, diffs):
     return True
 
 
+def _absent(module, entry, diffs):
+    path = entry["path"]
+    if not os.path.lexists(path):
+        return False
+    folder = os.path.isdir(path) and not os.path.islink(path)
+    diffs.append({"before_header": path, "after_header": path, "before": "directory\n" if folder else "file\n",
+                  "after": "absent\n"})
+    if module.check_mode:
+        return True
+    try:
+        if folder:
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except (IOError, OSError) as exc:
+        module.fail_json(msg="%s: cannot remove it: %s" % (path, to_native(exc)))
+    return True
+
+
 UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "NeedDaemonReload")
 
 
@@ -252,9 +273,9 @@ def main():
         argument_spec=dict(
             files=dict(type="list", elements="dict", required=True, options=dict(
                 path=dict(type="path", required=True),
-                state=dict(type="str", choices=["directory", "file"], default="file"),
+                state=dict(type="str", choices=["directory", "file", "absent"], default="file"),
                 content=dict(type="str"),
-                mode=dict(type="str", required=True),
+                mode=dict(type="str"),
                 owner=dict(type="str", default="root"),
                 group=dict(type="str", default="root"),
                 validate=dict(type="str"),
@@ -269,6 +290,8 @@ def main():
     for entry in module.params["files"]:
         if not os.path.isabs(entry["path"]):
             module.fail_json(msg="files[].path must be absolute: %s" % entry["path"])
+        if entry["state"] != "absent" and not entry["mode"]:
+            module.fail_json(msg="%s: files[].mode is required for a %s" % (entry["path"], entry["state"]))
         if entry["state"] == "file" and entry["content"] is None:
             module.fail_json(msg="%s: files[].content is required for a file (state=file)" % entry["path"])
         if entry["validate"] and "%s" not in entry["validate"]:
@@ -283,14 +306,17 @@ def main():
     changed_paths = []
     diffs = []
     for entry in module.params["files"]:
-        handler = _directory if entry["state"] == "directory" else _file
+        handler = {"directory": _directory, "absent": _absent}.get(entry["state"], _file)
         if handler(module, entry, diffs):
             changed_paths.append(entry["path"])
     if module.params["record"] and not module.check_mode:
         owned = [entry["path"] for entry in module.params["files"]
-                 if entry["state"] == "file" or (entry["owner"] and entry["group"])]
+                 if entry["state"] == "file" or (entry["state"] == "directory" and entry["owner"] and entry["group"])]
+        gone = [entry["path"] for entry in module.params["files"] if entry["state"] == "absent"]
         try:
             add_to_record(module, module.params["record"], owned)
+            if gone:
+                drop_from_record(module, module.params["record"], gone)
         except (IOError, OSError) as exc:
             module.warn("cannot write the ownership record %s: %s" % (module.params["record"], to_native(exc)))
     module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths, diff=diffs, contents=contents,

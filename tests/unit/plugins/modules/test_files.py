@@ -226,3 +226,31 @@ def test_read_gives_the_text_before_the_call_and_null_for_a_missing_file(tmp_pat
 def test_an_unreadable_path_to_read_fails_the_task_naming_it(tmp_path):
     res = run_module(entries(tmp_path), read=[str(tmp_path)])   # a directory
     assert res.get("failed") and str(tmp_path) in res["msg"], res
+
+
+def test_absent_removes_a_file_and_a_whole_folder_and_drops_them_from_the_record(tmp_path):
+    """state absent: what the serve role removes of a model the host no longer serves."""
+    base = tmp_path / "etc" / "x"
+    record = tmp_path / "owned.json"
+    kept = str(tmp_path / "kept.conf")
+    args = dict(module_args(entries(tmp_path)), record=str(record))
+    assert run_in_process(files_module, args)["changed"] is True
+    (base / "sub").mkdir()
+    (base / "sub" / "state.json").write_text("{}")
+    record.write_text(json.dumps({"paths": json.loads(record.read_text())["paths"] + [kept]}))
+    gone = [{"path": str(base / "helper"), "state": "absent"}, {"path": str(base), "state": "absent"},
+            {"path": str(tmp_path / "never-there"), "state": "absent"}]
+    check = run_in_process(files_module, dict(args, files=gone), check=True)
+    assert check["changed"] is True and (base / "helper").exists()
+    done = run_in_process(files_module, dict(args, files=gone))
+    assert done["changed_paths"] == [str(base / "helper"), str(base)]
+    assert not base.exists()
+    assert json.loads(record.read_text())["paths"] == [kept]     # the folder's files went with it
+    again = run_in_process(files_module, dict(args, files=gone))
+    assert again["changed"] is False
+
+
+def test_mode_is_needed_but_for_absent(tmp_path):
+    result = run_module([{"path": str(tmp_path / "f"), "content": "x"}])
+    assert result.get("failed") is True and "files[].mode is required" in result["msg"], result
+    assert not (tmp_path / "f").exists()
