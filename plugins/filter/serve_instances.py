@@ -2,7 +2,8 @@
 # Copyright: sparkops contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """sparkops.appliance.serve_instances: the servers of one host, each with its own unit, container
-and port (one per entry of spark_models, or the host's one server)."""
+and port (one per entry of spark_models, or the host's one server); serve_stale_instances: the
+servers an earlier run made on the host that the inventory no longer names, with their files."""
 
 from __future__ import (absolute_import, division, print_function)
 __metaclass__ = type
@@ -19,6 +20,16 @@ description:
   - Otherwise each model gets the unit C(<unit>-<name>) and the container C(<container>-<name>),
     in the order given (the order the serve role starts them in).
   - O(order) C(stop) gives them lowest C(priority) first instead, the order memwatch stops them in.
+  - C(serve_stale_instances) (record, instances, unit, container, dirs) gives the servers of the
+    collection's ownership record (C(record), the paths it wrote on the host) that O(_input)'s
+    C(instances) no longer hold, a renamed or removed model or the one server of a host that now
+    serves several, each with C(name), C(unit), C(container), C(files) and C(dirs), the paths the
+    serve role makes for it under the folders of C(dirs) (config, state, liveness, textfile,
+    report, cache). A server is one whose unit file and container environment file are both in the
+    record; nothing else on the host is named.
+  - C(serve_claims) (instances, config_dir, report_path, cache_dir) gives the names the serve role
+    takes on the host for each of O(_input)'s C(instances), as claims for preflight's name checks
+    (the filter C(name_clashes) and the module C(spark_facts)); a model's are named by C(spark_models).
 options:
   _input:
     description: The host's C(spark_models) (each with its C(name), C(priority) and C(port)).
@@ -62,11 +73,15 @@ _NAME_OK = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _BASE_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def serve_instances(models, unit, container, order="start"):
+def _check_base(unit, container):
     for what, value in (("unit", unit), ("container", container)):
         if not isinstance(value, str) or not _BASE_OK.match(value):
             raise AnsibleFilterError("serve_instances: %s is %r: give spark_serve_%s_name, a name of letters, digits, "
                                      "'.', '_' and '-'" % (what, value, what))
+
+
+def serve_instances(models, unit, container, order="start"):
+    _check_base(unit, container)
     if order not in ("start", "stop"):
         raise AnsibleFilterError("serve_instances: order is %r: give start or stop" % (order,))
     if models is None or models == []:
@@ -91,6 +106,80 @@ def serve_instances(models, unit, container, order="start"):
     return out
 
 
+_DIRS = ("config", "state", "liveness", "textfile", "report", "cache")
+
+
+def _instance_paths(name, unit, dirs):
+    """The files and folders the serve role makes for one server (roles/serve/vars/main.yml,
+    tasks/models.yml), whatever of them exists."""
+    units = "/etc/systemd/system"
+    files = ["%s/%s.service" % (units, unit), "%s/%s-recycle.service" % (units, unit),
+             "%s/%s-recycle.timer" % (units, unit), "%s/%s-agent.socket" % (units, unit),
+             "%s/%s-agent@.service" % (units, unit), "/usr/local/sbin/%s-recycle" % unit]
+    files += ["%s/%s%s" % (dirs["config"], unit, tail) for tail in (
+        ".env", ".env.previous", ".env.good", ".service.previous", ".service.good", ".good.json", ".rollout.json")]
+    files += ["%s/%s.service.args-checked" % (dirs["state"], unit), "%s/%s.service.kv-spec" % (dirs["state"], unit),
+              "%s/%s-liveness.prom" % (dirs["textfile"], unit)]
+    folders = ["%s/%s-liveness" % (dirs["liveness"], unit)]
+    if name:        # a model's own report and cache (tasks/models.yml); the one server's are shared paths
+        files.append("%s/%s-plan-vs-actual.json" % (dirs["report"], unit))
+        folders.append("%s/%s" % (dirs["cache"], name))
+    return files, folders
+
+
+def serve_stale_instances(record, instances, unit, container, dirs):
+    _check_base(unit, container)
+    if not isinstance(dirs, dict) or any(not isinstance(dirs.get(k), str) or not dirs.get(k, "").startswith("/")
+                                          for k in _DIRS):
+        raise AnsibleFilterError("serve_stale_instances: dirs is %r: give an absolute path for each of %s"
+                                 % (dirs, ", ".join(_DIRS)))
+    paths = set(p for p in (record or []) if isinstance(p, str))
+    current = set(i["unit"] for i in instances)
+    stale = []
+    for path in sorted(paths):
+        match = re.match(r"^/etc/systemd/system/(%s(?:-([a-z0-9][a-z0-9._-]*))?)\.service$" % re.escape(unit), path)
+        if not match or match.group(1) in current:
+            continue
+        found, name = match.group(1), match.group(2) or ""
+        if "%s/%s.env" % (dirs["config"], found) not in paths:
+            continue        # not a server's unit (a recycle or agent unit has no environment file)
+        files, folders = _instance_paths(name, found, dirs)
+        stale.append({"name": name, "unit": found, "container": "%s-%s" % (container, name) if name else container,
+                      "files": files, "dirs": folders})
+    return stale
+
+
+def serve_claims(instances, config_dir, report_path, cache_dir):
+    """preflight's claims (plugins/module_utils/_owned.py) of each server's unit, recycle and agent
+    units, container, environment file, report and cache folder."""
+    claims = [{"var": "serve_config_dir", "value": config_dir, "kind": "directory", "name": config_dir, "mode": "0755"}]
+    report_dir = report_path.rsplit("/", 1)[0] or "/"
+    if any(not i["name"] for i in instances):
+        claims += [{"var": "serve_report_path", "value": report_path, "kind": "file", "name": report_path}]
+    claims += [{"var": "serve_report_path", "value": report_path, "kind": "directory", "name": report_dir, "mode": "0755"},
+               {"var": "serve_cache_dir", "value": cache_dir, "kind": "directory", "name": cache_dir, "mode": "0755"}]
+    for i in instances:
+        unit = i["unit"]
+        var, value = ("spark_models", i["name"]) if i["name"] else ("spark_serve_unit_name", unit)
+        cvar, cvalue = ("spark_models", i["name"]) if i["name"] else ("spark_serve_container_name", i["container"])
+        claims += [{"var": var, "value": value, "kind": "unit", "name": unit + tail}
+                   for tail in (".service", "-recycle.service", "-recycle.timer")]
+        claims += [{"var": var, "value": value, "kind": "file", "name": "/usr/local/sbin/%s-recycle" % unit},
+                   {"var": var, "value": value, "kind": "unit", "name": unit + "-agent.socket"},
+                   # a template unit: systemd shows no properties of one without an instance, so its file is claimed
+                   {"var": var, "value": value, "kind": "file", "name": "/etc/systemd/system/%s-agent@.service" % unit},
+                   {"var": cvar, "value": cvalue, "kind": "container", "name": i["container"], "label": unit,
+                    "unit_file": "/etc/systemd/system/%s.service" % unit},
+                   {"var": var if i["name"] else "serve_config_dir", "value": value if i["name"] else config_dir,
+                    "kind": "file", "name": "%s/%s.env" % (config_dir, unit)}]
+        if i["name"]:
+            claims += [{"var": var, "value": value, "kind": "file", "name": "%s/%s-plan-vs-actual.json" % (report_dir, unit)},
+                       {"var": var, "value": value, "kind": "directory", "name": "%s/%s" % (cache_dir, i["name"]),
+                        "mode": "0755"}]
+    return claims
+
+
 class FilterModule(object):
     def filters(self):
-        return {"serve_instances": serve_instances}
+        return {"serve_instances": serve_instances, "serve_stale_instances": serve_stale_instances,
+                "serve_claims": serve_claims}

@@ -110,16 +110,17 @@ def name_clashes(claims):
             if other is None:
                 seen[key] = claim
                 continue
-            if other["var"] == claim["var"] and other["name"] == claim["name"] and other["kind"] == claim["kind"]:
-                continue   # one variable claiming one name twice (e.g. the same folder from two roles)
+            if (other["var"] == claim["var"] and other["value"] == claim["value"] and other["name"] == claim["name"]
+                    and other["kind"] == claim["kind"]):
+                continue   # one value claiming one name twice (e.g. the same folder from two roles)
             if kind == "directory" and other["kind"] == "directory" and other.get("mode", "") == claim.get("mode", ""):
                 continue   # a folder shared by two roles, with the same mode
             what = {"container": "the container", "unit": "the unit"}.get(key[0], "the path")
             same_var = other["var"] == claim["var"]
-            problems.append(
-                "%s and %s both take %s %s: one would overwrite or remove the other. Fix: give %s its own value."
-                % (_who(other), _who(claim), what, key[1],
-                   claim["var"] if same_var else "%s or %s" % (other["var"], claim["var"])))
+            fix = ("give %s its own value" % (claim["var"] if same_var else "%s or %s" % (other["var"], claim["var"]))
+                   if not (same_var and claim["var"] == "spark_models") else "rename one of the two models")
+            problems.append("%s and %s both take %s %s: one would overwrite or remove the other. Fix: %s."
+                            % (_who(other), _who(claim), what, key[1], fix))
             break
     return problems
 

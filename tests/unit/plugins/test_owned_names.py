@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from ansible_collections.sparkops.appliance.plugins.filter.name_clashes import name_clashes
+from ansible_collections.sparkops.appliance.plugins.filter.serve_instances import serve_claims, serve_instances
 from ansible_collections.sparkops.appliance.plugins.module_utils import _owned
 from ansible_collections.sparkops.appliance.plugins.modules import files as files_module
 from ansible_collections.sparkops.appliance.plugins.modules import spark_facts
@@ -86,7 +87,11 @@ def test_the_preflight_claims_of_the_defaults_do_not_clash():
     common = yaml.safe_load(open(os.path.join(ROOT, "roles", "common", "defaults", "main.yml")))
     for role in ("", "head", "worker"):
         variables = trusted(dict(common, cluster_role=role, **{k: v for k, v in data.items() if k != "__preflight_name_clashes"}))
-        claims = Templar(loader=DataLoader(), variables=variables).template(trust_as_template("{{ __preflight_claims }}"))
+        templar = Templar(loader=DataLoader(), variables=variables)
+        # the collection's own filters, as ansible-playbook finds them (this process has no collection loader)
+        for name, function in {"serve_instances": serve_instances, "serve_claims": serve_claims}.items():
+            templar.environment.filters["sparkops.appliance." + name] = function
+        claims = templar.template(trust_as_template("{{ __preflight_claims }}"))
         claims = json.loads(json.dumps(claims))
         assert claims and name_clashes(claims) == []
         assert {c["kind"] for c in claims} == {"unit", "container", "file", "directory"}

@@ -43,3 +43,82 @@ def test_stop_order_is_lowest_priority_first():
 def test_bad_input_is_refused_naming_what_to_fix(models, unit, container, order, needle):
     with pytest.raises(AnsibleFilterError, match=needle.replace("[", r"\[").replace("]", r"\]")):
         serve_instances(models, unit, container, order=order)
+
+
+# --- the names preflight checks: each model's server claims its own ---------------------------
+
+from ansible_collections.sparkops.appliance.plugins.filter.name_clashes import name_clashes  # noqa: E402
+from ansible_collections.sparkops.appliance.plugins.filter.serve_instances import serve_claims, serve_stale_instances  # noqa: E402
+
+CLAIM_ARGS = ("/etc/sparkops", "/var/lib/sparkops/serve/plan-vs-actual.json", "/var/cache/sparkops/vllm")
+
+
+def test_each_model_claims_its_own_unit_container_env_report_and_cache_and_they_do_not_clash():
+    claims = serve_claims(serve_instances(MODELS, "sparkops-serve", "sparkops-vllm"), *CLAIM_ARGS)
+    names = {(c["kind"], c["name"]) for c in claims}
+    for model in ("chat", "embed", "rerank"):
+        assert ("unit", "sparkops-serve-%s.service" % model) in names
+        assert ("unit", "sparkops-serve-%s-recycle.timer" % model) in names
+        assert ("container", "sparkops-vllm-%s" % model) in names
+        assert ("file", "/etc/sparkops/sparkops-serve-%s.env" % model) in names
+        assert ("file", "/var/lib/sparkops/serve/sparkops-serve-%s-plan-vs-actual.json" % model) in names
+        assert ("directory", "/var/cache/sparkops/vllm/%s" % model) in names
+    assert ("unit", "sparkops-serve.service") not in names      # the one server's name is not taken
+    assert name_clashes(claims) == []
+
+
+def test_a_model_whose_unit_is_another_models_recycle_unit_is_refused_by_name():
+    models = [{"name": "x", "priority": 1, "port": 8000}, {"name": "x-recycle", "priority": 2, "port": 8001}]
+    problems = name_clashes(serve_claims(serve_instances(models, "sparkops-serve", "sparkops-vllm"), *CLAIM_ARGS))
+    assert problems and "spark_models = x" in problems[0] and "sparkops-serve-x-recycle.service" in problems[0], problems
+    assert "rename one of the two models" in problems[0]
+
+
+# --- what an earlier run left: servers of models no longer named -------------------------------
+
+DIRS = {"config": "/etc/sparkops", "state": "/run/sparkops/serve", "liveness": "/var/lib/sparkops/serve",
+        "textfile": "/var/lib/prometheus/node-exporter", "report": "/var/lib/sparkops/serve",
+        "cache": "/var/cache/sparkops/vllm"}
+
+
+def record(*units):
+    paths = []
+    for unit in units:
+        paths += ["/etc/systemd/system/%s.service" % unit, "/etc/sparkops/%s.env" % unit,
+                  "/etc/systemd/system/%s-recycle.service" % unit, "/etc/systemd/system/%s-agent.socket" % unit]
+    return paths + ["/etc/sparkops/memwatch.json", "/etc/systemd/system/memwatch.service"]
+
+
+def test_a_removed_model_and_the_one_server_before_it_are_stale_with_their_files():
+    now = serve_instances(MODELS[:1], "sparkops-serve", "sparkops-vllm")
+    stale = serve_stale_instances(record("sparkops-serve", "sparkops-serve-chat", "sparkops-serve-embed"),
+                                  now, "sparkops-serve", "sparkops-vllm", DIRS)
+    assert [(s["unit"], s["container"], s["name"]) for s in stale] == [
+        ("sparkops-serve-embed", "sparkops-vllm-embed", "embed"), ("sparkops-serve", "sparkops-vllm", "")]
+    embed = stale[0]
+    assert "/etc/sparkops/sparkops-serve-embed.env" in embed["files"]
+    assert "/etc/systemd/system/sparkops-serve-embed-recycle.timer" in embed["files"]
+    assert "/var/lib/sparkops/serve/sparkops-serve-embed-plan-vs-actual.json" in embed["files"]
+    assert "/var/lib/prometheus/node-exporter/sparkops-serve-embed-liveness.prom" in embed["files"]
+    assert embed["dirs"] == ["/var/lib/sparkops/serve/sparkops-serve-embed-liveness", "/var/cache/sparkops/vllm/embed"]
+    # the one server's shared report and cache are not its own to remove
+    assert "/var/lib/sparkops/serve/plan-vs-actual.json" not in stale[1]["files"]
+    assert stale[1]["dirs"] == ["/var/lib/sparkops/serve/sparkops-serve-liveness"]
+
+
+def test_servers_still_named_and_units_the_collection_did_not_write_are_never_stale():
+    now = serve_instances(MODELS, "sparkops-serve", "sparkops-vllm")
+    assert serve_stale_instances(record("sparkops-serve-chat", "sparkops-serve-embed"), now, "sparkops-serve",
+                                 "sparkops-vllm", DIRS) == []
+    # a unit of that shape in the record without its environment file (a recycle unit), or not in the record
+    paths = ["/etc/systemd/system/sparkops-serve-old.service", "/etc/systemd/system/sparkops-servex.service"]
+    assert serve_stale_instances(paths, now, "sparkops-serve", "sparkops-vllm", DIRS) == []
+    # back to one server: every model's is stale, the one server's is not
+    one = serve_instances([], "sparkops-serve", "sparkops-vllm")
+    stale = serve_stale_instances(record("sparkops-serve", "sparkops-serve-chat"), one, "sparkops-serve", "sparkops-vllm", DIRS)
+    assert [s["unit"] for s in stale] == ["sparkops-serve-chat"]
+
+
+def test_dirs_must_name_every_folder():
+    with pytest.raises(AnsibleFilterError, match="dirs"):
+        serve_stale_instances([], [], "s", "v", dict(DIRS, cache="relative"))
