@@ -129,8 +129,8 @@ def _instance_paths(name, unit, dirs):
 
 def serve_stale_instances(record, instances, unit, container, dirs):
     _check_base(unit, container)
-    if not isinstance(dirs, dict) or any(not isinstance(dirs.get(k), str) or not dirs.get(k, "").startswith("/")
-                                          for k in _DIRS):
+    bad = not isinstance(dirs, dict) or any(not isinstance(dirs.get(k), str) or not dirs[k].startswith("/") for k in _DIRS)
+    if bad:
         raise AnsibleFilterError("serve_stale_instances: dirs is %r: give an absolute path for each of %s"
                                  % (dirs, ", ".join(_DIRS)))
     paths = set(p for p in (record or []) if isinstance(p, str))
