@@ -14,7 +14,8 @@ version_added: 0.1.0
 description:
   - Every host of O(_input) with a C(spark_serve) fact (the serve role's export) and no
     C(cluster_role) of C(worker) (a pair's worker runs no server; its head serves the pair) is a
-    server of the backend of its served model (C(spark_serve.model)), in the order given.
+    server of the backend of its served model (C(spark_serve.model)), in the order given. A host
+    with C(spark_models) is a server in each of its models' backends, from its C(spark_serve_models).
   - Returns C(backends) (each with C(name), C(model), C(api_key) and C(servers)), C(skipped) (hosts
     without C(spark_serve), with why) and C(problems), messages naming the variable and the fix, for
     two servers of one model with different API keys (the gateway sends one key per backend), two
@@ -74,6 +75,42 @@ def gateway_backend_name(model):
     return "model_" + _NAME_BAD.sub("_", model)
 
 
+def _add_server(host, serve, backends, skipped, problems):
+    """One server (a host's spark_serve, or one model's of its spark_serve_models) in its model's backend."""
+    if not isinstance(serve, dict) or not isinstance(serve.get("gateway"), dict):
+        skipped.append("%s: no spark_serve fact (the serve role's facts did not run there)" % host)
+        return
+    model, gw = to_text(serve.get("model", "")), serve["gateway"]
+    if not _MODEL_OK.match(model):
+        problems.append(
+            "serve_served_model_name = %r on %s: the gateway routes by it and cannot hold whitespace, "
+            "quotes or backslashes in it. Fix: a name of printable characters without them." % (model, host))
+        return
+    address = to_text(gw.get("host", ""))
+    if not _HOST_OK.match(address):
+        problems.append("serve_gateway_host = %r on %s: not a host name or an address. Fix: the address the gateway "
+                        "reaches the server at." % (address, host))
+        return
+    if _NAME_BAD.search(host):
+        problems.append("%r: the gateway names its servers by inventory name, and HAProxy takes only letters, digits "
+                        "and _ . : - in one. Fix: rename the host in the inventory." % host)
+        return
+    if not _KEY_OK.match(to_text(serve.get("api_key") or "")):
+        problems.append("serve_api_key on %s: the gateway sends it on and takes only letters, digits and . _ ~ + / = - "
+                        "in it. Fix: a key of those characters (a random hex or base64 string)." % host)
+        return
+    backend = backends.setdefault(model, {"name": gateway_backend_name(model), "model": model,
+                                          "api_key": to_text(serve.get("api_key") or ""), "servers": [],
+                                          "key_from": host})
+    key = to_text(serve.get("api_key") or "")
+    if key != backend["api_key"]:
+        problems.append(
+            "serve_api_key differs between %s and %s, which serve the same model %r: the gateway sends one key per "
+            "model. Fix: give the servers of one model the same vaulted key." % (backend["key_from"], host, model))
+    backend["servers"].append({"name": host, "host": address, "port": int(gw.get("port", 0)),
+                               "agent_port": int(gw.get("agent_port", 0) or 0)})
+
+
 def gateway_backends(hosts, hostvars):
     if not isinstance(hosts, (list, tuple)):
         raise AnsibleFilterError("gateway_backends: a list of inventory names is needed, got %r" % (hosts,))
@@ -83,39 +120,14 @@ def gateway_backends(hosts, hostvars):
         hv = hostvars[host] if host in hostvars else {}
         if (hv.get("cluster_role") or "") == "worker":
             continue
-        serve = hv.get("spark_serve")
-        if not isinstance(serve, dict) or not isinstance(serve.get("gateway"), dict):
-            skipped.append("%s: no spark_serve fact (the serve role's facts did not run there)" % host)
-            continue
-        model, gw = to_text(serve.get("model", "")), serve["gateway"]
-        if not _MODEL_OK.match(model):
-            problems.append(
-                "serve_served_model_name = %r on %s: the gateway routes by it and cannot hold whitespace, "
-                "quotes or backslashes in it. Fix: a name of printable characters without them." % (model, host))
-            continue
-        address = to_text(gw.get("host", ""))
-        if not _HOST_OK.match(address):
-            problems.append("serve_gateway_host = %r on %s: not a host name or an address. Fix: the address the gateway "
-                            "reaches the server at." % (address, host))
-            continue
-        if _NAME_BAD.search(host):
-            problems.append("%r: the gateway names its servers by inventory name, and HAProxy takes only letters, digits "
-                            "and _ . : - in one. Fix: rename the host in the inventory." % host)
-            continue
-        if not _KEY_OK.match(to_text(serve.get("api_key") or "")):
-            problems.append("serve_api_key on %s: the gateway sends it on and takes only letters, digits and . _ ~ + / = - "
-                            "in it. Fix: a key of those characters (a random hex or base64 string)." % host)
-            continue
-        backend = backends.setdefault(model, {"name": gateway_backend_name(model), "model": model,
-                                              "api_key": to_text(serve.get("api_key") or ""), "servers": [],
-                                              "key_from": host})
-        key = to_text(serve.get("api_key") or "")
-        if key != backend["api_key"]:
-            problems.append(
-                "serve_api_key differs between %s and %s, which serve the same model %r: the gateway sends one key per "
-                "model. Fix: give the servers of one model the same vaulted key." % (backend["key_from"], host, model))
-        backend["servers"].append({"name": host, "host": address, "port": int(gw.get("port", 0)),
-                                   "agent_port": int(gw.get("agent_port", 0) or 0)})
+        # a Spark with several models (spark_models): a server in each model's backend
+        if hv.get("spark_models"):
+            served = hv.get("spark_serve_models")
+            servers = served if isinstance(served, list) and served else [None]
+        else:
+            servers = [hv.get("spark_serve")]
+        for serve in servers:
+            _add_server(host, serve, backends, skipped, problems)
     names = {}
     for backend in backends.values():
         other = names.setdefault(backend["name"], backend["model"])
@@ -161,7 +173,9 @@ def gateway_moves(installed, hosts, hostvars):
         for host in hosts:
             hv = hostvars[host] if host in hostvars else {}
             serve = hv.get("spark_serve")
-            if (hv.get("cluster_role") or "") == "worker" or not isinstance(serve, dict) or not serve.get("model"):
+            # a worker serves nothing; a Spark with several models is not rolled (rollout.yml leaves it out)
+            if ((hv.get("cluster_role") or "") == "worker" or hv.get("spark_models") or not isinstance(serve, dict)
+                    or not serve.get("model")):
                 continue
             want = gateway_backend_name(to_text(serve["model"]))
             have = servers.get(host, [])

@@ -188,11 +188,18 @@ def rollout_served_models(hosts, hostvars):
     """{host: model} for the serving hosts among `hosts` (a pair's worker serves nothing): the
     host fact spark_serve's model where the serve role noted it in this run, else the inventory's
     serve_served_model_name or spark_model_name; a host with none of them is left out (not counted
-    as a server that stays in rotation)."""
+    as a server that stays in rotation). A host with spark_models serves each of its models."""
     out = {}
     for host in hosts:
         hv = hostvars[host] if host in hostvars else {}
         if (hv.get("cluster_role") or "") == "worker":
+            continue
+        if hv.get("spark_models"):
+            # a Spark with several models (never rolled by rollout.yml): a server of each of them that
+            # stays in rotation, keyed "<host>#<model>" (no batch holds that name)
+            for entry in hv["spark_models"]:
+                if isinstance(entry, dict) and entry.get("name"):
+                    out["%s#%s" % (host, entry["name"])] = str(entry["name"])
             continue
         serve = hv.get("spark_serve")
         model = serve.get("model") if isinstance(serve, dict) else None

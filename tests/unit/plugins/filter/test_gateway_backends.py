@@ -51,3 +51,17 @@ def test_backend_names():
     assert gateway_backend_name("Qwen/Qwen3-30B-A3B:fp8") == "model_Qwen_Qwen3-30B-A3B:fp8"
     with pytest.raises(AnsibleFilterError):
         gateway_backend_name("")
+
+
+def test_a_spark_with_several_models_is_a_server_in_each_models_backend():
+    models = [{"name": "chat", "priority": 2, "port": 8000}, {"name": "embed", "priority": 1, "port": 8001}]
+    two = {"spark_models": models, "spark_serve": serve(model="base")["spark_serve"],   # the shared names' export: not served
+           "spark_serve_models": [serve(model="chat", port=8000, agent=8090)["spark_serve"],
+                                  serve(model="embed", port=8001, agent=8091)["spark_serve"]]}
+    out = gateway_backends(["a", "two"], {"a": serve(model="chat", host="10.0.0.2"), "two": two})
+    assert out["problems"] == [] and out["skipped"] == []
+    assert {b["model"]: [(s["name"], s["port"], s["agent_port"]) for s in b["servers"]] for b in out["backends"]} == {
+        "chat": [("a", 8000, 8090), ("two", 8000, 8090)], "embed": [("two", 8001, 8091)]}
+    # its facts not noted: skipped, never served under the shared names
+    out = gateway_backends(["two"], {"two": dict(two, spark_serve_models=[])})
+    assert out["backends"] == [] and out["skipped"] == ["two: no spark_serve fact (the serve role's facts did not run there)"]

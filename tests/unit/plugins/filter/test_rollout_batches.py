@@ -149,3 +149,13 @@ def test_the_served_models_come_from_the_serve_fact_else_the_inventory():
                                      "a-head": {"spark_serve": {"model": "big"}}, "a-worker": {"spark_model_name": "big"}})
     assert rollout_served_models(["s1", "s2", "s3", "s4", "a-head", "a-worker", "elsewhere"], hostvars) == {
         "s1": "noted", "s2": "named", "s3": "dir-name", "a-head": "big"}
+
+
+def test_a_spark_with_several_models_stays_a_server_of_each_and_no_rolled_host_is_lone_beside_it():
+    hostvars = {"s1": {"spark_serve": {"model": "chat"}},
+                "two": {"spark_models": [{"name": "chat"}, {"name": "embed"}], "spark_serve": {"model": "model"}}}
+    models = rollout_served_models(["s1", "two"], hostvars)
+    assert models == {"s1": "chat", "two#chat": "chat", "two#embed": "embed"}
+    assert rollout_lone_models(["s1"], models) == {}
+    # its models' servers outside every batch: s1 may restart alone
+    assert rollout_batches(["s1"], hostvars, {"sparks": ["s1", "two"]}, [1], models=models) == [["s1"]]
