@@ -57,8 +57,14 @@ def test_example_inventory_plans_every_host_without_connecting(tmp_path, example
     assert rc == 0, log
     assert 'UNREACHABLE' not in log and 'unreachable=1' not in log
     report = json.loads(out.read_text())
-    assert sorted(report) == ['spark-01', 'spark-02', 'spark-03', 'spark-pa-head', 'spark-pa-worker']
+    assert sorted(report) == ['spark-01', 'spark-02', 'spark-03', 'spark-04', 'spark-pa-head', 'spark-pa-worker']
     single, pair = example_vars
+    # the example's two-model Spark (host_vars/spark-04.yml): the worked example's host plan, its rows
+    two = report['spark-04']['host_plan']
+    assert [(m['name'], m['kv_cache_memory_bytes'], m['docker_memory_bytes']) for m in two['models']] == [
+        ('chat', 21474836480, 75806172774), ('embed', 2147483648, 18790481920)]
+    assert two['host']['total_gib'] == 121.69
+    assert 'spark-04 | chat' in log and 'spark-04 | embed' in log
     assert report['spark-01']['plan'] == memory_plan(example_inputs(single))
     assert report['spark-pa-head']['plan'] == memory_plan(example_inputs(pair))
     assert report['spark-01']['plan']['gmu'] == 0.786
@@ -71,7 +77,8 @@ def test_example_inventory_plans_every_host_without_connecting(tmp_path, example
     # The table: a column per host, the squeeze, the warning.
     table = log[log.index('TASK [Print the memory plan]'):]
     for host in report:
-        assert host in table.splitlines()[3]
+        if host != 'spark-04':          # its own table, a row per model
+            assert host in table.splitlines()[3]
     assert 'squeezed by host cap' in table and 'WARNING spark-01: at most 4 of 8' in table
 
 

@@ -35,7 +35,7 @@ from ansible_collections.sparkops.appliance.plugins.plugin_utils._role_inputs im
 from harness import ROOT, batch_inventory, host_results, play_json
 
 EXAMPLE = os.path.join(ROOT, "inventories", "example")
-EXAMPLE_SPARKS = ["spark-01", "spark-02", "spark-03", "spark-pa-head", "spark-pa-worker"]
+EXAMPLE_SPARKS = ["spark-01", "spark-02", "spark-03", "spark-04", "spark-pa-head", "spark-pa-worker"]
 
 VALIDATE_TASKS = """
     - name: Cluster validate

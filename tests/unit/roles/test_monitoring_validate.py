@@ -70,7 +70,7 @@ def test_site_refuses_a_bad_setting_in_its_first_play_before_any_connection(extr
     fails in the first play, on the controller, before facts are gathered."""
     doc = play_json(os.path.join(ROOT, "playbooks", "site.yml"), inventory=os.path.join(ROOT, "inventories", "example"),
                     extra_vars=dict(extra, vault_serve_api_key="not-a-secret"), connection=None)
-    assert set(doc["stats"]) == {"spark-01", "spark-02", "spark-03", "spark-pa-head", "spark-pa-worker"}
+    assert set(doc["stats"]) == {"spark-01", "spark-02", "spark-03", "spark-04", "spark-pa-head", "spark-pa-worker"}
     for host, stats in doc["stats"].items():
         assert stats["failures"] == 1 and stats["unreachable"] == 0 and stats["changed"] == 0, (host, stats)
     tasks = [task for _play, task, _r in host_results(doc, "spark-01")]
