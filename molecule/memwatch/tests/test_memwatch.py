@@ -39,7 +39,7 @@ def test_memwatch_runs_hardened(host):
     assert props["NoNewPrivileges"] == "yes"
     assert props["ProtectKernelLogs"] == "no"   # /dev/kmsg stays readable
     cfg = json.loads(host.file("/etc/sparkops/memwatch.json").content_string)
-    assert cfg["container_name"] == NAME and cfg["stop_grace_s"] == 3
+    assert [t["container"] for t in cfg["targets"]] == [NAME] and cfg["stop_grace_s"] == 3
     assert host.run("/usr/local/bin/memwatch check-config /etc/sparkops/memwatch.json").rc == 0
 
 

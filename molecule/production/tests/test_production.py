@@ -117,8 +117,7 @@ def test_memwatch_watches_the_container_that_serve_runs(host):
     # memwatch runs in a play of its own: the names must be the serve role's, not a fallback.
     config = json.loads(host.file("/etc/sparkops/memwatch.json").content_string)
     container = "sparkops-vllm-" + host.backend.get_hostname()   # spark_serve_container_name (lab)
-    assert config["container_name"] == container
-    assert config["serve_unit"] == UNIT + ".service"
+    assert config["targets"] == [{"name": "", "unit": UNIT + ".service", "container": container, "priority": 0}]
     running = host.check_output("docker inspect -f '{{.State.Running}}' %s" % container)
     assert running == "true"
 

@@ -26,7 +26,10 @@ BAD = [
 # host: the variables of the case (as -e gave them before; nothing in the role outranks a host
 # variable: no vars/main.yml, no set_fact of these names)
 CASES = dict({"bad%d" % i: extra for i, (extra, _words) in enumerate(BAD)},
-             default={}, renamed={"spark_serve_container_name": "llm", "spark_serve_unit_name": "llm-serve"})
+             default={}, renamed={"spark_serve_container_name": "llm", "spark_serve_unit_name": "llm-serve"},
+             several={"spark_models": [{"name": "chat", "priority": 10, "port": 8000},
+                                       {"name": "embed", "priority": 1, "port": 8001},
+                                       {"name": "code", "priority": 5, "port": 8002}]})
 
 # The template rendered the way the role does (ansible template lookup), in a play of its own, not
 # in check mode. The two values are strings, as from an inventory (the template casts them); task
@@ -125,7 +128,7 @@ def test_rendered_config_is_accepted_by_the_program(run):
     assert check.returncode == 0, check.stderr
     cfg = json.loads(check.stdout)
     assert cfg["stop_grace_s"] == 7 and cfg["available_lt_gib"] == 5.5
-    assert cfg["container_name"] == "sparkops-vllm" and cfg["serve_unit"] == "sparkops-serve.service"
+    assert cfg["targets"] == [{"name": "", "unit": "sparkops-serve.service", "container": "sparkops-vllm", "priority": 0}]
     assert cfg["stop_via_unit"] is True and cfg["consecutive_samples"] == 5
 
 
@@ -135,8 +138,38 @@ def test_memwatch_in_a_play_of_its_own_watches_the_serve_roles_names(run):
     st = stats(run, "default")
     assert st["failures"] == 0 and st["unreachable"] == 0, host_failure(run["doc"], "default")
     added = diff_lines(run, "default")
-    assert '  "container_name": "sparkops-vllm",' in added, added
-    assert '  "serve_unit": "sparkops-serve.service",' in added, added
+    assert '      "container": "sparkops-vllm",' in added, added
+    assert '      "unit": "sparkops-serve.service"' in added, added
     # A user who renames the unit and container once renames them for serve and memwatch alike.
     renamed = diff_lines(run, "renamed")
-    assert '  "container_name": "llm",' in renamed and '  "serve_unit": "llm-serve.service",' in renamed, renamed
+    assert '      "container": "llm",' in renamed and '      "unit": "llm-serve.service"' in renamed, renamed
+
+
+def rendered_config(run, host):
+    """The memwatch.json the role would write for ``host`` (its check-mode diff)."""
+    for _play, _task, result in host_results(run["doc"], host):
+        diffs = result.get("diff") or []
+        for diff in diffs if isinstance(diffs, list) else [diffs]:
+            after = str(diff.get("after") or "")
+            if after.startswith("{") and '"targets"' in after:
+                return json.loads(after)
+    raise AssertionError("no memwatch.json in %s's diff" % host)
+
+
+def test_several_models_are_targets_in_stop_order(run, tmp_path):
+    """A host with spark_models: one target per model, named as serve names them (serve_instances),
+    lowest priority first; the program accepts the config as it is rendered."""
+    st = stats(run, "several")
+    assert st["failures"] == 0 and st["unreachable"] == 0, host_failure(run["doc"], "several")
+    cfg = rendered_config(run, "several")
+    assert cfg["targets"] == [
+        {"name": "embed", "unit": "sparkops-serve-embed.service", "container": "sparkops-vllm-embed", "priority": 1},
+        {"name": "code", "unit": "sparkops-serve-code.service", "container": "sparkops-vllm-code", "priority": 5},
+        {"name": "chat", "unit": "sparkops-serve-chat.service", "container": "sparkops-vllm-chat", "priority": 10}]
+    assert "serve_unit" not in cfg and "container_name" not in cfg
+    path = tmp_path / "memwatch.json"
+    path.write_text(json.dumps(cfg))
+    check = subprocess.run([sys.executable, PROGRAM, "check-config", str(path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, universal_newlines=True, check=False)
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout)["targets"] == cfg["targets"]

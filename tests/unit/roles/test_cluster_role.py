@@ -329,9 +329,9 @@ def test_single_spark_serve_unit_is_unchanged(run):
 
 def test_memwatch_on_a_worker_stops_the_ray_unit(run):
     cfg = json.loads(render(run, "worker-memwatch"))
-    assert cfg["serve_unit"] == "sparkops-ray.service" and cfg["container_name"] == "sparkops-ray"
+    assert cfg["targets"] == [{"name": "", "unit": "sparkops-ray.service", "container": "sparkops-ray", "priority": 0}]
     cfg = json.loads(render(run, "head-memwatch"))
-    assert cfg["serve_unit"] == "sparkops-serve.service"
+    assert [t["unit"] for t in cfg["targets"]] == ["sparkops-serve.service"]
 
 
 def test_nodes_check_script_compiles():
