@@ -169,12 +169,19 @@ def problems(row, kind):
 
 
 def main(argv):
+    """One reading (a JSON object); with "servers" (a Spark with several models: each its model, unit,
+    recycle_timer, liveness_state and serve_report), a JSON list of one reading per model."""
     cfg = dict(DEFAULTS)
     if len(argv) > 1:
         cfg.update(json.loads(base64.b64decode(argv[1]).decode("utf-8")))
-    row = probe(cfg)
-    row["problems"] = problems(row, cfg.get("kind", "single"))
-    print(json.dumps(row, sort_keys=True))
+    rows = []
+    for server in cfg.get("servers") or [{}]:
+        row = probe(dict(cfg, **server))
+        row["problems"] = problems(row, cfg.get("kind", "single"))
+        if server:
+            row["model"] = server["model"]
+        rows.append(row)
+    print(json.dumps(rows if cfg.get("servers") else rows[0], sort_keys=True))
     return 0
 
 

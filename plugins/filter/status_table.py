@@ -61,7 +61,7 @@ def row_cells(row):
     """The table cells of one reading."""
     event = row.get("memwatch_last_event") or {}
     return (
-        str(row.get("host", "-")), str(row.get("kind", "-")),
+        str(row.get("host", "-")) + (" " + str(row["model"]) if row.get("model") else ""), str(row.get("kind", "-")),
         str(row.get("state") or "-"), str(row.get("since") or "-"), _num(row.get("restarts_24h"), "%d"),
         str(row.get("liveness") or "-"),
         "%s (%s)" % (_tag(row.get("image")), _tag(row.get("image_previous"))),

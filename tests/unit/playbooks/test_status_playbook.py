@@ -141,3 +141,39 @@ def test_a_worker_is_read_by_its_ray_unit_and_has_no_liveness():
            "memwatch_available_and_free_available_lt_gib": 10, "memwatch_available_and_free_free_lt_gib": 2}
     assert status_probe.problems(row, "worker") == []
     assert status_probe.problems(row, "head") == ["liveness stalled"]
+
+
+def test_a_spark_with_several_models_has_a_reading_per_model_in_one_call(tmp_path):
+    """spark_models: each model's server read by the serve role's names (its unit, liveness, report),
+    in the one probe call; the host is unhealthy when one model's server is."""
+    units = {"srv-two-chat.service": {"ActiveState": "active", "SubState": "running", "NRestarts": "0"},
+             "srv-two-embed.service": {"ActiveState": "inactive", "SubState": "dead", "NRestarts": "0"},
+             "mw-two.service": {"ActiveState": "active"}}
+    (tmp_path / "units.json").write_text(json.dumps(units))
+    (tmp_path / "restarts.json").write_text("{}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake(bin_dir / "systemctl", SYSTEMCTL % (sys.executable, str(tmp_path / "units.json")))
+    fake(bin_dir / "journalctl", JOURNALCTL % (sys.executable, str(tmp_path / "restarts.json")))
+    two = host_files(tmp_path, "two", "live", 80, 40, [])
+    base = tmp_path / "two"
+    for name, kv in (("chat", 20.0), ("embed", 2.0)):
+        (base / ("srv-two-%s-liveness" % name)).mkdir()
+        (base / ("srv-two-%s-liveness" % name) / "state.json").write_text(json.dumps({"state": "live"}))
+        (base / ("srv-two-%s-plan-vs-actual.json" % name)).write_text(json.dumps({"plan": {"kv_exp_gib": kv},
+                                                                                  "actual": {"kv_cache_gib": kv}}))
+    two["spark_models"] = [{"name": "chat", "priority": 10, "port": 8000}, {"name": "embed", "priority": 5, "port": 8001}]
+    report = tmp_path / "report"
+    doc = play_json(os.path.join(ROOT, "playbooks", "status.yml"), inventory=batch_inventory(tmp_path, {"two": two}),
+                    extra_vars={"status_report_dir": str(report)}, connection=None,
+                    env=ansible_env(PATH=str(bin_dir) + os.pathsep + os.environ["PATH"]))
+    rows = json.loads((report / "status.json").read_text())
+    assert [(r["host"], r["model"], r["unit"], r["state"], r["actual_kv_gib"]) for r in rows] == [
+        ("two", "chat", "srv-two-chat.service", "active", 20.0), ("two", "embed", "srv-two-embed.service", "inactive", 2.0)]
+    assert rows[0]["problems"] == [] and rows[1]["problems"] == ["srv-two-embed.service is inactive"]
+    scripts = [t for _p, t, _r in host_results(doc, "two") if t == "Read the host (one call)"]
+    assert len(scripts) == 1
+    (failed,) = [r for _p, _t, r in host_results(doc, "two") if r.get("failed")]
+    assert "two is unhealthy: srv-two-embed.service is inactive" in failed["msg"]
+    (table,) = [r["msg"] for _p, t, r in host_results(doc, "two") if t == "The fleet's status"]
+    assert len(table) == 3 and table[1].startswith("two chat") and table[2].startswith("two embed")
