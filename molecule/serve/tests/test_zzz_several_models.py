@@ -1,13 +1,16 @@
 """Several models on one lab Spark under one host plan (SPEC §13, docs/runtime.md "Several models on
 one Spark"): two tiny models served at once, each by its own unit, container and port with its share
 of the plan, each answering and each KV pool within 10 % of its plan; the one server the Spark had
-before is removed first; then a model taken out of spark_models leaves no unit, container, env or
-file of its own behind, and the other keeps serving, not restarted.
+before is removed first; a memwatch drill stops only the lower-priority model while the other
+answers throughout; then a model taken out of spark_models leaves no unit, container, env or file of
+its own behind, and the other keeps serving, not restarted.
 
 Runs last in the scenario (its server is the scenario's last state; the scenario's destroy removes
 the lab Spark only, so the module's last step stops both models' containers on the shared engine)."""
 import json
 import os
+import shlex
+import time
 
 import pytest
 
@@ -49,6 +52,24 @@ PLAY = """\
         name: sparkops.appliance.serve
 """
 RECORD = "/var/lib/sparkops/owned.json"
+DRILL = "/var/lib/sparkops-drill"
+# memwatch as site.yml installs it for these models, reading memory from a file the test writes
+MEMWATCH_PLAY = """\
+- name: memwatch for the Spark's models, reading meminfo from the drill's file
+  hosts: sparks
+  gather_facts: true
+  vars:
+    spark_models: %s
+  roles:
+    - role: sparkops.appliance.memwatch
+      vars:
+        memwatch_meminfo_path: %s/meminfo
+"""
+KIB_PER_GIB = 1024 * 1024
+# The poller: one completion of the higher-priority model every 0.5 s, each answer's HTTP code on a line.
+POLLER = ("while :; do curl -s -o /dev/null -w '%%{http_code}\\n' --max-time 20 %s http://127.0.0.1:8000/v1/completions "
+          "-H 'Content-Type: application/json' -d '{\"model\": \"tiny-chat\", \"prompt\": \"hello\", \"max_tokens\": 4}' "
+          ">> %s/poll.log; sleep 0.5; done")
 
 
 def unit(model):
@@ -85,6 +106,7 @@ def fixture_served(host, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("models")
     out = run(tmp_path, MODELS)
     yield tmp_path, out
+    host.run("systemctl stop memwatch.service")
     for model in MODELS:
         host.run("systemctl stop %s.service; docker rm -f %s" % (unit(model), container(model)))
 
@@ -112,6 +134,56 @@ def test_two_models_serve_at_once_each_within_its_kv_plan(host, served):
     # each answers its own model only
     models = json.loads(host.check_output("curl -fsS --max-time 30 %s http://127.0.0.1:8001/v1/models" % curl_auth()))
     assert [m["id"] for m in models["data"]] == ["tiny-embed"]
+
+
+def drill_meminfo(host, avail_gib, free_gib, name="meminfo"):
+    """The drill's meminfo (as the production scenario's drill writes it), replaced whole."""
+    text = ("MemTotal:       24683000 kB\\nMemFree:        %d kB\\nMemAvailable:   %d kB\\n"
+            "Cached:         3000000 kB\\nAnonPages:      3000000 kB\\nShmem:          20000 kB\\n"
+            "Slab:           900000 kB\\nPageTables:     65000 kB\\n"
+            % (free_gib * KIB_PER_GIB, avail_gib * KIB_PER_GIB))
+    host.run_test("mkdir -p %s && printf '%s' > %s/%s.tmp && mv %s/%s.tmp %s/%s"
+                  % (DRILL, text, DRILL, name, DRILL, name, DRILL, name))
+
+
+def test_a_memwatch_drill_stops_only_the_lower_priority_model_and_the_other_answers_throughout(host, served):
+    tmp_path, _out = served
+    chat, embed = MODELS
+    drill_meminfo(host, 12, 8)                                  # healthy
+    play = tmp_path / "memwatch.yml"
+    play.write_text(MEMWATCH_PLAY % (json.dumps(MODELS), DRILL))
+    r = _converge(playbook=play)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    config = json.loads(host.file("/etc/sparkops/memwatch.json").content_string)
+    assert [t["unit"] for t in config["targets"]] == [unit(embed) + ".service", unit(chat) + ".service"]
+    before = host.check_output("docker inspect -f '{{.Id}}' %s" % container(chat))
+    host.run("systemctl stop drill-poller drill-restore; systemctl reset-failed drill-poller drill-restore; rm -f %s/poll.log" % DRILL)
+    host.run_expect([0], "systemd-run --unit drill-poller --collect /bin/sh -c %s"
+                    % shlex.quote(POLLER % (curl_auth(), DRILL)))
+    # memory back as soon as the lower-priority server is down (else memwatch, re-armed, would stop the
+    # next one after its consecutive samples: that is its rule, not what this drill shows)
+    drill_meminfo(host, 12, 8, name="healthy")
+    restore = ("while :; do s=$(systemctl is-active %s.service); [ \"$s\" = inactive ] || [ \"$s\" = failed ] && break; "
+               "sleep 0.2; done; cp %s/healthy %s/m.tmp && mv %s/m.tmp %s/meminfo" % (unit(embed), DRILL, DRILL, DRILL, DRILL))
+    host.run_expect([0], "systemd-run --unit drill-restore --collect /bin/sh -c %s" % shlex.quote(restore))
+    try:
+        wait_for("the poller's first answers", lambda: host.run("grep -c 200 %s/poll.log" % DRILL).stdout.strip() not in ("", "0"), 60)
+        drill_meminfo(host, 4, 1)                               # rule A: MemAvailable < 6 GiB
+        wait_for("memwatch to stop %s" % unit(embed),
+                 lambda: prop(host, unit(embed) + ".service", "ActiveState") in ("inactive", "failed"), 120)
+        assert prop(host, unit(embed) + ".service", "ActiveState") == "inactive"       # a clean stop
+        time.sleep(10)                        # past memwatch's consecutive samples once more: nothing else stops
+    finally:
+        host.run("systemctl stop drill-poller drill-restore")
+    assert prop(host, unit(chat) + ".service", "ActiveState") == "active"
+    assert host.check_output("docker inspect -f '{{.Id}}' %s" % container(chat)) == before
+    codes = host.check_output("cat %s/poll.log" % DRILL).split()
+    print("drill: tiny-chat answered %d of %d requests while memwatch stopped tiny-embed" % (codes.count("200"), len(codes)))
+    assert len(codes) >= 10 and set(codes) == {"200"}, codes
+    metrics = host.file("/var/lib/prometheus/node-exporter/memwatch.prom").content_string
+    acted = [line for line in metrics.splitlines() if line.startswith("memwatch_target_actions_total{")
+             and not line.endswith(" 0")]
+    assert acted and all('model="tiny-embed"' in line for line in acted), acted
 
 
 def test_a_removed_model_leaves_nothing_behind_and_the_other_keeps_serving(host, served):
