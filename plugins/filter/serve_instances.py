@@ -107,15 +107,22 @@ def serve_instances(models, unit, container, order="start"):
 
 
 _DIRS = ("config", "state", "liveness", "textfile", "report", "cache")
+_UNIT_DIR = "/etc/systemd/system"
+# A server's systemd units besides its own (roles/serve/vars/main.yml: the recycle units, the agent
+# socket), and the files that are not units: the recycle script and the agent's template unit (systemd
+# shows no properties of a template without an instance).
+_UNIT_TAILS = (".service", "-recycle.service", "-recycle.timer", "-agent.socket")
+
+
+def _unit_files(unit):
+    """The recycle script's and the agent template unit's paths of one server."""
+    return ["/usr/local/sbin/%s-recycle" % unit, "%s/%s-agent@.service" % (_UNIT_DIR, unit)]
 
 
 def _instance_paths(name, unit, dirs):
     """The files and folders the serve role makes for one server (roles/serve/vars/main.yml,
     tasks/models.yml), whatever of them exists."""
-    units = "/etc/systemd/system"
-    files = ["%s/%s.service" % (units, unit), "%s/%s-recycle.service" % (units, unit),
-             "%s/%s-recycle.timer" % (units, unit), "%s/%s-agent.socket" % (units, unit),
-             "%s/%s-agent@.service" % (units, unit), "/usr/local/sbin/%s-recycle" % unit]
+    files = ["%s/%s%s" % (_UNIT_DIR, unit, tail) for tail in _UNIT_TAILS] + _unit_files(unit)
     files += ["%s/%s%s" % (dirs["config"], unit, tail) for tail in (
         ".env", ".env.previous", ".env.good", ".service.previous", ".service.good", ".good.json", ".rollout.json")]
     files += ["%s/%s.service.args-checked" % (dirs["state"], unit), "%s/%s.service.kv-spec" % (dirs["state"], unit),
@@ -137,7 +144,7 @@ def serve_stale_instances(record, instances, unit, container, dirs):
     current = set(i["unit"] for i in instances)
     stale = []
     for path in sorted(paths):
-        match = re.match(r"^/etc/systemd/system/(%s(?:-([a-z0-9][a-z0-9._-]*))?)\.service$" % re.escape(unit), path)
+        match = re.match(r"^%s/(%s(?:-([a-z0-9][a-z0-9._-]*))?)\.service$" % (_UNIT_DIR, re.escape(unit)), path)
         if not match or match.group(1) in current:
             continue
         found, name = match.group(1), match.group(2) or ""
@@ -162,14 +169,10 @@ def serve_claims(instances, config_dir, report_path, cache_dir):
         unit = i["unit"]
         var, value = ("spark_models", i["name"]) if i["name"] else ("spark_serve_unit_name", unit)
         cvar, cvalue = ("spark_models", i["name"]) if i["name"] else ("spark_serve_container_name", i["container"])
-        claims += [{"var": var, "value": value, "kind": "unit", "name": unit + tail}
-                   for tail in (".service", "-recycle.service", "-recycle.timer")]
-        claims += [{"var": var, "value": value, "kind": "file", "name": "/usr/local/sbin/%s-recycle" % unit},
-                   {"var": var, "value": value, "kind": "unit", "name": unit + "-agent.socket"},
-                   # a template unit: systemd shows no properties of one without an instance, so its file is claimed
-                   {"var": var, "value": value, "kind": "file", "name": "/etc/systemd/system/%s-agent@.service" % unit},
-                   {"var": cvar, "value": cvalue, "kind": "container", "name": i["container"], "label": unit,
-                    "unit_file": "/etc/systemd/system/%s.service" % unit},
+        claims += [{"var": var, "value": value, "kind": "unit", "name": unit + tail} for tail in _UNIT_TAILS]
+        claims += [{"var": var, "value": value, "kind": "file", "name": path} for path in _unit_files(unit)]
+        claims += [{"var": cvar, "value": cvalue, "kind": "container", "name": i["container"], "label": unit,
+                    "unit_file": "%s/%s.service" % (_UNIT_DIR, unit)},
                    {"var": var if i["name"] else "serve_config_dir", "value": value if i["name"] else config_dir,
                     "kind": "file", "name": "%s/%s.env" % (config_dir, unit)}]
         if i["name"]:
