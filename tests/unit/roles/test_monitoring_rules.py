@@ -22,6 +22,15 @@ GIB = 1024 ** 3
 ROLE = os.path.join(ROOT, "roles", "monitoring")
 
 
+def _collection_filters():
+    """The collection's own filters these templates use (serve_instances names the servers' units), by
+    their FQCNs. The Templar here has no collection loader (tests/conftest.py imports the collection as
+    a plain package, which Ansible's plugin loader cannot read), so they are given to it directly."""
+    from ansible_collections.sparkops.appliance.plugins.filter.serve_instances import FilterModule
+
+    return dict(("sparkops.appliance." + name, func) for name, func in FilterModule().filters().items())
+
+
 def render(template, **overrides):
     """The template rendered by Ansible with common's and the role's defaults (and vars), as text."""
     from ansible.parsing.dataloader import DataLoader
@@ -34,7 +43,10 @@ def render(template, **overrides):
     variables.update(ansible_managed="Ansible managed", inventory_hostname="mon", groups={"sparks": []}, cluster_role="")
     variables.update(overrides)
     text = open(os.path.join(ROLE, "templates", template)).read()
-    return Templar(loader=DataLoader(), variables=trusted(variables)).template(trust_as_template(text))
+    templar = Templar(loader=DataLoader(), variables=trusted(variables))
+    # (Templar.environment is deprecated in ansible-core 2.19, to go in 2.23: no other way to add a filter)
+    templar.environment.filters.update(_collection_filters())
+    return templar.template(trust_as_template(text))
 
 
 def rules(**overrides):
@@ -98,6 +110,11 @@ CASES = {
              "105s", False),
         case([('node_systemd_service_restart_total{%s,name="memwatch.service"}' % NODE, "0 0 1 1 2 2 3 3")],
              "105s", False),                                     # another unit
+        # a model's server on a Spark with several models (its unit <unit>-<model>)
+        case([('node_systemd_service_restart_total{%s,name="sparkops-serve-chat.service"}' % NODE, "0 0 1 1 2 2 3 3")],
+             "105s", True, dict(LABELS, name="sparkops-serve-chat.service")),
+        case([('node_systemd_service_restart_total{%s,name="sparkops-server.service"}' % NODE, "0 0 1 1 2 2 3 3")],
+             "105s", False),                                     # not the unit nor one of its models
         # three restarts, but spread over two hours: not a loop
         case([('node_systemd_service_restart_total{%s,name="sparkops-serve.service"}' % NODE, "0 1 2 3 3 3 3 3")],
              "105m", False, interval="15m"),
@@ -341,6 +358,11 @@ def test_the_listen_addresses_are_the_management_address():
     assert "--web.listen-address=192.0.2.11:9100 " in args
     assert "--collector.textfile.directory=/var/lib/prometheus/node-exporter " in args
     assert "--collector.systemd.unit-include=(sparkops-serve[.]service|memwatch[.]service|sparkops-ray[.]service)\"" in args
+    # a Spark with several models: each model's server unit (the serve role's names), no unit of the one server
+    node = render("node-exporter.default.j2", ansible_host="192.0.2.14",
+                  spark_models=[{"name": "chat", "priority": 10, "port": 8000}, {"name": "embed", "priority": 5, "port": 8001}])
+    assert ("--collector.systemd.unit-include=(sparkops-serve-chat[.]service|sparkops-serve-embed[.]service|"
+            "memwatch[.]service)\"") in node, node
     prom = render("prometheus.default.j2", ansible_host="192.0.2.50", monitoring_prometheus_retention="30d")
     (args,) = [line for line in prom.splitlines() if line.startswith("ARGS=")]
     assert "--web.listen-address=192.0.2.50:9090 " in args and "--storage.tsdb.retention.time=30d\"" in args
