@@ -48,6 +48,12 @@ options:
     description: C(start) (as given) or C(stop) (lowest priority first).
     type: str
     default: start
+  agent_port:
+    description:
+      - C(serve_agent_port), the gateway's agent check port of the one server. Given, each server also
+        gets its C(agent_port), this plus its place in O(_input) (the first model's is this one).
+    type: int
+    required: false
 author:
   - sparkops contributors (@sparkops)
 """
@@ -60,7 +66,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _value:
-  description: "[{name, priority, port, unit, container}]; unit without .service, port none for the one server of a host without spark_models."
+  description: >-
+    [{name, priority, port, unit, container}], and agent_port where O(agent_port) is given; unit without
+    .service, port none for the one server of a host without spark_models.
   type: list
   elements: dict
 """
@@ -80,10 +88,27 @@ def _check_base(unit, container):
                                      "'.', '_' and '-'" % (what, value, what))
 
 
-def serve_instances(models, unit, container, order="start"):
+def serve_instances(models, unit, container, order="start", agent_port=None):
     _check_base(unit, container)
     if order not in ("start", "stop"):
         raise AnsibleFilterError("serve_instances: order is %r: give start or stop" % (order,))
+    if agent_port is not None:
+        try:
+            agent_port = int(agent_port)
+        except (TypeError, ValueError):
+            raise AnsibleFilterError("serve_instances: agent_port is %r: give serve_agent_port, a port number"
+                                     % (agent_port,))
+    out = _instances(models, unit, container)
+    if agent_port is not None:
+        for place, item in enumerate(out):
+            item["agent_port"] = agent_port + place
+    if order == "stop":
+        out.sort(key=lambda item: item["priority"])
+    return out
+
+
+def _instances(models, unit, container):
+    """The servers in the order of `models` (the one server where there is none)."""
     if models is None or models == []:
         return [{"name": "", "priority": 0, "port": None, "unit": unit, "container": container}]
     if not isinstance(models, list):
@@ -101,8 +126,6 @@ def serve_instances(models, unit, container, order="start"):
                                      % (i, priority))
         out.append({"name": name, "priority": priority, "port": model.get("port"),
                     "unit": "%s-%s" % (unit, name), "container": "%s-%s" % (container, name)})
-    if order == "stop":
-        out.sort(key=lambda item: item["priority"])
     return out
 
 

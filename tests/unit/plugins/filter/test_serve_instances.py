@@ -31,6 +31,17 @@ def test_stop_order_is_lowest_priority_first():
     assert [i["name"] for i in got] == ["embed", "rerank", "chat"]
 
 
+def test_each_server_gets_the_agent_port_plus_its_place_in_the_list_in_either_order():
+    assert [i["agent_port"] for i in serve_instances([], "s", "v", agent_port="8090")] == [8090]
+    assert [(i["name"], i["agent_port"]) for i in serve_instances(MODELS, "s", "v", agent_port=8090)] == [
+        ("chat", 8090), ("embed", 8091), ("rerank", 8092)]
+    assert [(i["name"], i["agent_port"]) for i in serve_instances(MODELS, "s", "v", order="stop", agent_port=8090)] == [
+        ("embed", 8091), ("rerank", 8092), ("chat", 8090)]
+    assert "agent_port" not in serve_instances(MODELS, "s", "v")[0]
+    with pytest.raises(AnsibleFilterError, match="serve_agent_port"):
+        serve_instances(MODELS, "s", "v", agent_port="x")
+
+
 @pytest.mark.parametrize("models, unit, container, order, needle", [
     ([{"name": "Chat", "priority": 1}], "s", "v", "start", "spark_models[0].name"),
     ([{"name": "a", "priority": 1}, {"name": "a", "priority": 2}], "s", "v", "start", "spark_models[1].name"),
