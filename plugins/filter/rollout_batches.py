@@ -25,8 +25,8 @@ description:
   - C(rollout_lone_models) (hosts, models) names those, each model whose one server is among the
     rolled hosts, with that server. C(rollout_served_models) (hosts, hostvars) gives O(models) for
     the fleet's hosts, from the serve role's C(spark_serve.model), else the inventory's
-    C(serve_served_model_name) or C(spark_model_name); a pair's worker and a host without any are
-    left out.
+    C(serve_served_model_name) or C(spark_model_name), and for a host with C(spark_models) the list
+    of its models' names; a pair's worker and a host without any are left out.
   - Returns the list of batches (lists of host names), first batch first.
 options:
   _input:
@@ -49,8 +49,8 @@ options:
   models:
     description:
       - The model each serving host of the whole fleet serves (host name -> served model name; of a
-        pair, its head only), the play's hosts and those outside it. Omitted or null, no model is
-        looked at.
+        pair, its head only; a Spark with several models, the list of their names), the play's hosts
+        and those outside it. Omitted or null, no model is looked at.
     type: dict
     required: false
 author:
@@ -138,12 +138,17 @@ def unit_of(host, hostvars, groups):
     return "host:" + host
 
 
+def _models_of(served):
+    """A host's served models: one name, or a list (a Spark with several models)."""
+    return list(served) if isinstance(served, (list, tuple)) else [served]
+
+
 def _servers_per_model(hosts, models):
     """{model: number of `hosts` that serve it}."""
     count = {}
     for host in hosts:
-        if host in models:
-            count[models[host]] = count.get(models[host], 0) + 1
+        for model in _models_of(models[host]) if host in models else []:
+            count[model] = count.get(model, 0) + 1
     return count
 
 
@@ -188,18 +193,18 @@ def rollout_served_models(hosts, hostvars):
     """{host: model} for the serving hosts among `hosts` (a pair's worker serves nothing): the
     host fact spark_serve's model where the serve role noted it in this run, else the inventory's
     serve_served_model_name or spark_model_name; a host with none of them is left out (not counted
-    as a server that stays in rotation). A host with spark_models serves each of its models."""
+    as a server that stays in rotation). A host with spark_models serves each of its models: their
+    names, in a list (rollout.yml restarts them one after the other, each a server of its model)."""
     out = {}
     for host in hosts:
         hv = hostvars[host] if host in hostvars else {}
         if (hv.get("cluster_role") or "") == "worker":
             continue
         if hv.get("spark_models"):
-            # a Spark with several models (never rolled by rollout.yml): a server of each of them that
-            # stays in rotation, keyed "<host>#<model>" (no batch holds that name)
-            for entry in hv["spark_models"]:
-                if isinstance(entry, dict) and entry.get("name"):
-                    out["%s#%s" % (host, entry["name"])] = str(entry["name"])
+            names = [str(entry["name"]) for entry in hv["spark_models"]
+                     if isinstance(entry, dict) and entry.get("name")]
+            if names:
+                out[host] = names
             continue
         serve = hv.get("spark_serve")
         model = serve.get("model") if isinstance(serve, dict) else None
@@ -215,8 +220,8 @@ def rollout_lone_models(hosts, models):
     models = dict(models or {})
     hosts = set(hosts)
     out = {}
-    for model in sorted(set(models.values())):
-        servers = sorted(h for h, m in models.items() if m == model)
+    for model in sorted(set(m for served in models.values() for m in _models_of(served))):
+        servers = sorted(h for h, served in models.items() if model in _models_of(served))
         if len(servers) == 1 and servers[0] in hosts:
             out[model] = servers
     return out

@@ -1,7 +1,9 @@
 """Several models on one lab Spark under one host plan (SPEC §13, docs/runtime.md "Several models on
 one Spark"): two tiny models served at once, each by its own unit, container and port with its share
 of the plan, each answering and each KV pool within 10 % of its plan; the one server the Spark had
-before is removed first; a memwatch drill stops only the lower-priority model while the other
+before is removed first; verify.yml reports on each model's server; rollout.yml rolls the models'
+servers one after the other, and a model whose new start fails is put back while the one rolled
+before it keeps its new configuration and no later model is touched; a memwatch drill stops only the lower-priority model while the other
 answers throughout; then a model taken out of spark_models leaves no unit, container, env or file of
 its own behind, and the other keeps serving, not restarted.
 
@@ -66,6 +68,14 @@ MEMWATCH_PLAY = """\
         memwatch_meminfo_path: %s/meminfo
 """
 KIB_PER_GIB = 1024 * 1024
+# verify.yml at the tiny models' shape, one short round (as the production scenario runs it)
+VERIFY_SMALL = {"verify_prompt_tokens": 32, "verify_max_tokens": 8, "verify_requests": 2, "verify_concurrency": 1,
+                "verify_rounds": 1, "verify_round_requests": 2, "verify_settle_s": 1, "verify_band_gib": 4}
+# The rollout's change: tiny-chat a new seed (it starts and passes its gate), tiny-embed a tokenizer its
+# parser accepts but vLLM cannot load (as the rollout scenario's bad rollout). tiny-chat keeps its seed
+# from then on (the removal test serves it so, not restarting it).
+ROLLED_CHAT = ["--seed", "7"]
+BAD_EMBED = ["--tokenizer", "/nonexistent/tokenizer"]
 # The poller: one completion of the higher-priority model every 0.5 s, each answer's HTTP code on a line.
 POLLER = ("while :; do curl -s -o /dev/null -w '%%{http_code}\\n' --max-time 20 %s http://127.0.0.1:8000/v1/completions "
           "-H 'Content-Type: application/json' -d '{\"model\": \"tiny-chat\", \"prompt\": \"hello\", \"max_tokens\": 4}' "
@@ -88,6 +98,24 @@ def run(tmp_path, models):
     r = _converge(playbook=play)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return r.stdout
+
+
+def playbook(tmp_path, name, models, extra=None):
+    """playbooks/<name> as a user runs it, with spark_models for the lab Spark (an extra var) and the
+    scenario's group_vars beside it (as "playbook group_vars", the way the scenario's converge gets them)."""
+    here = tmp_path / "playbooks"
+    if not here.exists():
+        here.mkdir()
+        for entry in ("rollout.yml", "verify.yml", "tasks", "files"):
+            (here / entry).symlink_to(os.path.join(PROJECT, "playbooks", entry))
+        (here / "group_vars").symlink_to(os.path.join(PROJECT, "molecule", SCENARIO, "group_vars"))
+    spec = dict(extra or {}, spark_models=[dict(TINY, **m) for m in models])
+    r = _converge("-e", json.dumps(spec), playbook=here / name)
+    return r.returncode, r.stdout + r.stderr
+
+
+def container_id(host, model):
+    return host.check_output("docker inspect -f '{{.Id}}' %s" % container(model))
 
 
 def complete(host, model):
@@ -134,6 +162,67 @@ def test_two_models_serve_at_once_each_within_its_kv_plan(host, served):
     # each answers its own model only
     models = json.loads(host.check_output("curl -fsS --max-time 30 %s http://127.0.0.1:8001/v1/models" % curl_auth()))
     assert [m["id"] for m in models["data"]] == ["tiny-embed"]
+
+
+def test_verify_reports_each_models_server(host, served):
+    tmp_path, _out = served
+    ids = [container_id(host, model) for model in MODELS]
+    reports = tmp_path / "verify"
+    rc, out = playbook(tmp_path, "verify.yml", MODELS, dict(VERIFY_SMALL, verify_report_dir=str(reports)))
+    assert rc == 0, out[-6000:]
+    names = [p.name for p in reports.iterdir()]
+    (chat_report,) = [name for name in names if name.endswith("-tiny-chat.json")]
+    hostname = chat_report[:-len("-tiny-chat.json")]
+    for model in MODELS:
+        report = json.loads((reports / ("%s-%s.json" % (hostname, model["name"]))).read_text())
+        assert report["model"] == model["name"], report["model"]
+        assert report["load"]["failed_requests"] == 0 and report["load"]["concurrency"]["requests"] > 0, report["load"]
+        planned = report["plan"]["kv_cache_memory_bytes"] / 2.0 ** 30
+        assert report["startup"]["kv_plan_gib"] == round(planned, 4), report["startup"]
+        assert abs(report["startup"]["now"]["kv_cache_gib"] - planned) <= 0.1 * planned, report["startup"]
+        assert (reports / ("%s-%s-memory.png" % (hostname, model["name"]))).exists()
+        print("verify %s: KV plan %.4f GiB, vLLM %.4f GiB, %d requests, 0 failed" % (
+            model["name"], planned, report["startup"]["now"]["kv_cache_gib"], report["load"]["concurrency"]["requests"]))
+    assert sorted(names) == sorted("%s-%s%s" % (hostname, m["name"], end) for m in MODELS for end in (".json", "-memory.png"))
+    # verify changes nothing: neither server restarted
+    assert [container_id(host, model) for model in MODELS] == ids
+
+
+def test_rollout_rolls_one_models_server_at_a_time_and_puts_a_failed_one_back(host, served):
+    tmp_path, _out = served
+    chat, embed = MODELS
+    before = {m["name"]: container_id(host, m) for m in MODELS}
+    embed_unit = host.file("/etc/systemd/system/%s.service" % unit(embed)).content_string
+    rolled = [dict(chat, extra_args=ROLLED_CHAT), dict(embed, extra_args=BAD_EMBED)]
+    rc, out = playbook(tmp_path, "rollout.yml", rolled)
+    flat = " ".join(out.split())
+    assert rc != 0, out[-6000:]
+    # the failure names the model, and its server runs its previous configuration again, healthy
+    assert "rollout stopped at" in flat and "model tiny-embed (%s)" % unit(embed) in flat, out[-6000:]
+    assert "runs its previous image, unit and env again and is healthy" in flat, out[-6000:]
+    # one model's server at a time: tiny-chat drained, restarted and gated before tiny-embed was drained
+    order = [line for line in out.splitlines() if line.startswith("TASK [")
+             and ("Drain this model's server" in line or "Note that this model's server passed its gate" in line
+                  or "Put this model's last good unit" in line)]
+    assert [line[len("TASK ["):].split("]")[0].split(" : ")[-1] for line in order] == [
+        "Drain this model's server - out of its backend, no request running or waiting",
+        "Note that this model's server passed its gate",
+        "Drain this model's server - out of its backend, no request running or waiting",
+        "Put this model's last good unit and env back (the play's last task stops the rollout)"], order
+    # tiny-chat: restarted once, onto its new seed, and serving
+    assert container_id(host, chat) != before[chat["name"]]
+    args = json.loads(host.check_output("docker inspect -f '{{json .Args}}' %s" % container(chat)))
+    assert args[args.index("--seed") + 1] == "7", args
+    assert complete(host, chat)["usage"]["completion_tokens"] > 0
+    # tiny-embed: its unit as before the rollout (no bad tokenizer), active, answering
+    assert host.file("/etc/systemd/system/%s.service" % unit(embed)).content_string == embed_unit
+    assert "/nonexistent/tokenizer" not in host.check_output("docker inspect -f '{{json .Args}}' %s" % container(embed))
+    wait_for("tiny-embed active", lambda: prop(host, unit(embed) + ".service", "ActiveState") == "active", 60)
+    assert complete(host, embed)["usage"]["completion_tokens"] > 0
+    # neither is left marked drained
+    for model in MODELS:
+        state = json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(model)).content_string)
+        assert state["drained"] is False, (model, state)
 
 
 def drill_meminfo(host, avail_gib, free_gib, name="meminfo"):
@@ -190,7 +279,7 @@ def test_a_removed_model_leaves_nothing_behind_and_the_other_keeps_serving(host,
     tmp_path, _out = served
     chat, embed = MODELS
     before = host.check_output("docker inspect -f '{{.Id}}' %s" % container(chat))
-    out = run(tmp_path, [chat])
+    out = run(tmp_path, [dict(chat, extra_args=ROLLED_CHAT)])   # as the rollout test left it
     assert "no longer serves tiny-embed" in " ".join(out.split()), out[-3000:]
     assert prop(host, unit(embed) + ".service", "LoadState") == "not-found"
     assert not running(host, container(embed))

@@ -177,16 +177,3 @@ def test_a_spark_with_several_models_has_a_reading_per_model_in_one_call(tmp_pat
     assert "two is unhealthy: srv-two-embed.service is inactive" in failed["msg"]
     (table,) = [r["msg"] for _p, t, r in host_results(doc, "two") if t == "The fleet's status"]
     assert len(table) == 3 and table[1].startswith("two chat") and table[2].startswith("two embed")
-
-
-def test_verify_leaves_a_spark_with_several_models_out_and_says_so(tmp_path):
-    """verify.yml measures one server per Spark: a host with spark_models ends before any task of its
-    own (no facts, no plan), with the reason; nothing fails."""
-    hosts = {"two": {"spark_models": [{"name": "chat", "priority": 10, "port": 8000}]}}
-    doc = play_json(os.path.join(ROOT, "playbooks", "verify.yml"), inventory=batch_inventory(tmp_path, hosts),
-                    extra_vars={"verify_report_dir": str(tmp_path / "verify")}, connection=None)
-    assert doc["stats"]["two"]["failures"] == 0 and doc["stats"]["two"]["unreachable"] == 0, doc["stats"]
-    tasks = [t for _p, t, _r in host_results(doc, "two")]
-    assert "Gather facts" not in tasks and not any(t.startswith("1. The plan") for t in tasks), tasks
-    (said,) = [r["msg"] for _p, t, r in host_results(doc, "two") if t == "Say that a Spark with several models is left out"]
-    assert "leaves it out" in said and "status.yml" in said

@@ -151,11 +151,17 @@ def test_the_served_models_come_from_the_serve_fact_else_the_inventory():
         "s1": "noted", "s2": "named", "s3": "dir-name", "a-head": "big"}
 
 
-def test_a_spark_with_several_models_stays_a_server_of_each_and_no_rolled_host_is_lone_beside_it():
-    hostvars = {"s1": {"spark_serve": {"model": "chat"}},
+def test_a_spark_with_several_models_is_a_server_of_each_and_never_in_a_batch_with_their_last_other_server():
+    hostvars = {"s1": {"spark_serve": {"model": "chat"}}, "s2": {"spark_serve": {"model": "chat"}},
                 "two": {"spark_models": [{"name": "chat"}, {"name": "embed"}], "spark_serve": {"model": "model"}}}
-    models = rollout_served_models(["s1", "two"], hostvars)
-    assert models == {"s1": "chat", "two#chat": "chat", "two#embed": "embed"}
+    groups = {"sparks": ["s1", "s2", "two"]}
+    models = rollout_served_models(["s1", "s2", "two"], hostvars)
+    assert models == {"s1": "chat", "s2": "chat", "two": ["chat", "embed"]}
+    # embed has one server (two's): out while it restarts; chat has three
+    assert rollout_lone_models(["s1", "s2", "two"], models) == {"embed": ["two"]}
     assert rollout_lone_models(["s1"], models) == {}
-    # its models' servers outside every batch: s1 may restart alone
-    assert rollout_batches(["s1"], hostvars, {"sparks": ["s1", "two"]}, [1], models=models) == [["s1"]]
+    # chat's three servers never in one batch; two's models restart one after the other inside it
+    assert rollout_batches(["two", "s1", "s2"], hostvars, groups, [3], models=models) == [["two", "s1"], ["s2"]]
+    # only two and s1 serve chat: they are never in one batch
+    models2 = rollout_served_models(["s1", "two"], hostvars)
+    assert rollout_batches(["two", "s1"], hostvars, groups, [2], models=models2) == [["two"], ["s1"]]
