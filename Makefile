@@ -15,9 +15,10 @@ LAB_RUNTIME_IMAGE = $(shell lab/runtime/tag.sh)
 LAB_MODEL_DIR := /var/cache/sparkops/models/tiny-llama
 # The Molecule scenarios in two lanes side by side (tests/run_scenarios.py): a lane's scenarios one
 # after the other. Scenarios that build into the same runtime image repository share a lane.
-# Balanced by a busy run's times in seconds (stop 42): rollout 1412, serve 1292, ple 343 | production 1413,
-# cluster 1294, drivers 164, memwatch 120, checkpoint 118 (3047 | 3109; before, ple in the second lane: 2704 | 3452).
-MOLECULE_LANES ?= rollout,serve,ple production,cluster,drivers,memwatch,checkpoint
+# Balanced by a quiet run's times in seconds (stop 47, ci-i): rollout 1278, serve 1055 (+ about 150 for
+# stop 48's rollout and verify of two models) | production 997, cluster 1007, drivers 111, memwatch 144,
+# checkpoint 86, ple 205 (about 2480 | 2550; with ple in the first lane it was 2538 + 150 | 2345).
+MOLECULE_LANES ?= rollout,serve production,cluster,drivers,memwatch,checkpoint,ple
 TIMED := tests/timed.sh
 
 .PHONY: lab lab-down lab-image runtime-image lab-model lab-model-timed engine deps test checks unit lint sanity molecule clean
