@@ -257,8 +257,7 @@ def test_never_gather_with_a_missing_value_names_it(local_runs):
 # Several models on one Spark (SPEC §13): the golden set of test_memory_host_plan.py.
 TWO_MODELS = [
     {'name': 'chat', 'priority': 10, 'port': 8000, 'weight_bytes': 40 * GIB, 'max_model_len': 131072,
-     'kv_bytes_per_token': 65536, 'kv_cache_dtype': 'fp8', 'kv_target_gib': 20,
-     'checkpoint_source': 'huggingface', 'checkpoint_revision': '0' * 40},
+     'kv_bytes_per_token': 65536, 'kv_cache_dtype': 'fp8', 'kv_target_gib': 20},
     {'name': 'embed', 'priority': 5, 'port': 8001, 'weight_bytes': 8 * GIB, 'overhead_gib': 2.5,
      'max_model_len': 32768, 'kv_bytes_per_token': 16384, 'kv_target_gib': 2, 'max_num_seqs': 4},
 ]

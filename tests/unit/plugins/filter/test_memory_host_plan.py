@@ -34,7 +34,6 @@ CHAT = {
     'kv_bytes_per_token': 65536,        # 131072 x 65536 B = 8 GiB in BF16; fp8 x 0.58 = 4.64 GiB
     'kv_cache_dtype': 'fp8',
     'kv_target_gib': 20,
-    'checkpoint_source': 'huggingface', 'checkpoint_revision': '0' * 40,  # not read by the plan
 }
 EMBED = {
     'name': 'embed', 'priority': 5, 'port': 8001,
@@ -245,6 +244,11 @@ def test_model_defaults_are_the_roles():
      'spark_models[0] (chat): host_reserve_gib belong(s) to the host, not to a model: set '
      'memory_plan_host_reserve_gib instead'),
     (models((0, {'max_model_length': 4096})), None, 'spark_models[0] (chat): unknown key(s) max_model_length'),
+    # a model's checkpoint settings would be left unread: refused, naming where its checkpoint goes
+    (models((0, {'checkpoint_source': 'huggingface', 'checkpoint_revision': '0' * 40})), None,
+     'spark_models[0] (chat): checkpoint_revision, checkpoint_source: a model of spark_models has no checkpoint '
+     "settings of its own yet (the checkpoint role fetches the host's one model only). Fix: remove them and put its "
+     'checkpoint at spark_model_dir/chat'),
     (None, 'image-gen', 'spark_colocated_services is str, not a list'),
     (None, [{'name': 'image-gen', 'gib': -1}], 'spark_colocated_services[0].gib is -1: give the GiB'),
     (None, [{'name': 'image-gen', 'gib': 'lots'}], "spark_colocated_services[0].gib is 'lots'"),
