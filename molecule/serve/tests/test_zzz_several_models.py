@@ -3,8 +3,8 @@ one Spark"): two tiny models served at once, each by its own unit, container and
 of the plan, each answering and each KV pool within 10 % of its plan; the one server the Spark had
 before is removed first; verify.yml reports on each model's server; rollout.yml rolls the models'
 servers one after the other, and a model whose new start fails is put back while the one rolled
-before it keeps its new configuration and no later model is touched; a memwatch drill stops only the lower-priority model while the other
-answers throughout; then a model taken out of spark_models leaves no unit, container, env or file of
+before it keeps its new configuration and no later model is touched; a memwatch drill stops only
+the lower-priority model while the other answers throughout; then a model taken out of spark_models leaves no unit, container, env or file of
 its own behind, and the other keeps serving, not restarted.
 
 Runs last in the scenario (its server is the scenario's last state; the scenario's destroy removes
