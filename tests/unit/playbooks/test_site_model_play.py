@@ -40,3 +40,54 @@ def test_the_model_play_runs_on_the_example_inventorys_values(tmp_path):
     assert waits and "would be written once the checkpoint is fetched" in " ".join(waits[0]["msg"].split())
     assert "Compute the memory plan" in names
     assert not (tmp_path / "models").exists()   # check mode
+
+
+def _play(name, playbook="site.yml"):
+    with open(os.path.join(harness.ROOT, "playbooks", playbook)) as handle:
+        found = [p for p in yaml.safe_load(handle) if p["name"].startswith(name)]
+    assert len(found) == 1
+    return found[0]
+
+
+def test_the_model_play_fetches_each_models_checkpoint_into_its_folder(tmp_path):
+    """Several models on one Spark: each model's checkpoint_source path, fetched by the play as site.yml has
+    it into spark_model_dir/<name>, in the list's order; a model without checkpoint_source is left alone."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)) + "/..")
+    from support_checkpoint import write_checkpoint
+    from ansible_collections.sparkops.appliance.plugins.module_utils import _checkpoint as ck
+    src = write_checkpoint(str(tmp_path / "share" / "tiny"))
+    (tmp_path / "model.yml").write_text(yaml.safe_dump([_play("Model")]))
+    tiny = {"weight_bytes": 16777216, "overhead_gib": 0.5, "max_model_len": 1024, "kv_bytes_per_token": 512,
+            "kv_target_gib": 0.125}
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+            "spark_model_dir": str(tmp_path / "models"), "checkpoint_source": "none", "ple_enabled": False,
+            "checkpoint_progress_file": str(tmp_path / "progress.json"), "checkpoint_min_free_margin_gib": 0,
+            "checkpoint_ple_pack_gib": 0,
+            "spark_models": [dict(tiny, name="chat", priority=2, port=8000, checkpoint_source="path",
+                                  checkpoint_src_path=src, checkpoint_revision="r1"),
+                             dict(tiny, name="by-hand", priority=0, port=8002),
+                             dict(tiny, name="embed", priority=1, port=8001, checkpoint_source="path",
+                                  checkpoint_src_path=src)]}
+    inventory = {"all": {"children": {"sparks": {"hosts": {"spark-04": host}}}}}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    doc = harness.play_json(tmp_path / "model.yml", inventory=tmp_path / "hosts.yml", connection=None)
+    steps = [(task.split(" : ", 1)[-1], result) for _play_name, task, result in harness.host_results(doc, "spark-04")]
+    assert [(name, r.get("msg")) for name, r in steps if r.get("failed")] == []
+    reports = [" ".join(r["msg"].split()) for name, r in steps if name == "Checkpoint | report" and "msg" in r]
+    assert [m.split(":")[0] for m in reports] == [
+        "spark_models[0] (chat) %s/models/chat" % tmp_path, "spark_models[2] (embed) %s/models/embed" % tmp_path]
+    assert sorted(os.listdir(str(tmp_path / "models"))) == ["chat", "embed"]
+    assert ck.intact(str(tmp_path / "models" / "chat"), "r1") and ck.intact(str(tmp_path / "models" / "embed"))
+
+
+def test_the_first_plays_refuse_a_models_new_revision_before_any_change():
+    """site.yml's and rollout.yml's first play run the checkpoint role's models_served (reads only) on a host
+    with spark_models, before the checked roles are remembered (and so before any later play)."""
+    for playbook, first in (("site.yml", "Preflight - check each Spark"), ("rollout.yml", "Rollout - check every host")):
+        tasks = _play(first, playbook)["tasks"]
+        names = [t["name"] for t in tasks]
+        refuse = names.index("Refuse a new checkpoint revision of a model whose folder holds another (spark_models)")
+        assert refuse < names.index("Remember which roles' inputs are checked"), playbook
+        include = tasks[refuse]["ansible.builtin.include_role"]
+        assert include == {"name": "sparkops.appliance.checkpoint", "tasks_from": "models_served"}
+        assert tasks[refuse]["when"] == "spark_models | length > 0"
