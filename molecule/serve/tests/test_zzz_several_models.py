@@ -1,5 +1,6 @@
 """Several models on one lab Spark under one host plan (SPEC §13, docs/runtime.md "Several models on
-one Spark"): two tiny models served at once, each by its own unit, container and port with its share
+one Spark"): two tiny models, each fetched into its own folder by the checkpoint role (as site.yml's
+model play does, from the lab's share), served at once, each by its own unit, container and port with its share
 of the plan, each answering and each KV pool within 10 % of its plan; the one server the Spark had
 before is removed first; verify.yml reports on each model's server; rollout.yml rolls the models'
 servers one after the other, and a model whose new start fails is put back while the one rolled
@@ -26,7 +27,10 @@ MODELS = [{"name": "tiny-chat", "priority": 10, "port": 8000},
 # the tiny model's plan inputs, as the lab gives the one model (inventories/lab lab_overrides.yml)
 TINY = {"weight_bytes": 16777216, "overhead_gib": 1.0, "mtp_gib": 0, "max_model_len": 1024,
         "kv_bytes_per_token": 512, "kv_cache_dtype": "auto", "kv_target_gib": 0.0625,
-        "max_num_seqs": 4, "max_num_batched_tokens": 1024}
+        "max_num_seqs": 4, "max_num_batched_tokens": 1024,
+        # each model's own checkpoint, fetched by the collection into spark_model_dir/<name> (the lab's
+        # read-only share of the tiny model, as the lab gives the one model: lab_overrides.yml)
+        "checkpoint_source": "path", "checkpoint_src_path": "/srv/lab-source/tiny-llama"}
 PLAY = """\
 - name: Several models on the lab Spark, under one host plan
   hosts: sparks
@@ -34,15 +38,18 @@ PLAY = """\
   vars:
     spark_models: %s
   roles:
-    - role: sparkops.appliance.common   # spark_model_dir, before the copy
+    - role: sparkops.appliance.common   # spark_models and spark_model_dir, as site.yml's plays have them
   tasks:
-    - name: Put each model's checkpoint where the checkpoint role would (the tiny model, copied)
-      ansible.builtin.copy:
-        src: "{{ serve_model_path }}/"
-        dest: "{{ spark_model_dir }}/{{ item.name }}/"
-        remote_src: true
-        mode: preserve
-      loop: "{{ spark_models }}"
+    # as site.yml's first play: a model's new revision is refused before anything changes (reads only)
+    - name: Refuse a new checkpoint revision of a model whose folder holds another (spark_models)
+      ansible.builtin.include_role:
+        name: sparkops.appliance.checkpoint
+        tasks_from: models_served
+    # as site.yml's model play: each model's checkpoint into spark_model_dir/<name>, checked and verified
+    - name: Fetch and verify each model's checkpoint (spark_models)
+      ansible.builtin.include_role:
+        name: sparkops.appliance.checkpoint
+        tasks_from: models
     - name: Plan the host
       ansible.builtin.include_role:
         name: sparkops.appliance.memory_plan
@@ -146,6 +153,14 @@ def test_two_models_serve_at_once_each_within_its_kv_plan(host, served):
     assert not host.file("/etc/sparkops/sparkops-serve.env").exists
     assert not running(host, CONTAINER)
     assert "no longer serves (the one model)" in " ".join(out.split()), out[-3000:]
+    # each model's checkpoint fetched and verified by the checkpoint role into its own folder, in order
+    said = " ".join(out.split())
+    reports = [said.find("spark_models[%d] (%s) /srv/sparkops/models/%s:" % (i, m["name"], m["name"]))
+               for i, m in enumerate(MODELS)]
+    assert -1 not in reports and reports == sorted(reports), said[-3000:]
+    for model in MODELS:
+        assert host.file("/srv/sparkops/models/%s/.sparkops-manifest.json" % model["name"]).is_file
+        assert not host.file("/srv/sparkops/models/%s.staged" % model["name"]).exists
     for model in MODELS:
         assert prop(host, unit(model) + ".service", "ActiveState") == "active"
         assert running(host, container(model))
