@@ -3,8 +3,9 @@ one Spark"): two tiny models, each fetched into its own folder by the checkpoint
 model play does, from the lab's share), served at once, each by its own unit, container and port with its share
 of the plan, each answering and each KV pool within 10 % of its plan; the one server the Spark had
 before is removed first; verify.yml reports on each model's server; rollout.yml rolls the models'
-servers one after the other, and a model whose new start fails is put back while the one rolled
-before it keeps its new configuration and no later model is touched; a memwatch drill stops only
+servers one after the other, each with a new checkpoint revision, and a model whose new start fails
+is put back (its checkpoint switched back) while the one rolled before it keeps its new configuration
+and revision and no later model is touched; a memwatch drill stops only
 the lower-priority model while the other answers throughout; then a model taken out of spark_models leaves no unit, container, env or file of
 its own behind, and the other keeps serving, not restarted.
 
@@ -40,11 +41,6 @@ PLAY = """\
   roles:
     - role: sparkops.appliance.common   # spark_models and spark_model_dir, as site.yml's plays have them
   tasks:
-    # as site.yml's first play: a model's new revision is refused before anything changes (reads only)
-    - name: Refuse a new checkpoint revision of a model whose folder holds another (spark_models)
-      ansible.builtin.include_role:
-        name: sparkops.appliance.checkpoint
-        tasks_from: models_served
     # as site.yml's model play: each model's checkpoint into spark_model_dir/<name>, checked and verified
     - name: Fetch and verify each model's checkpoint (spark_models)
       ansible.builtin.include_role:
@@ -83,6 +79,11 @@ VERIFY_SMALL = {"verify_prompt_tokens": 32, "verify_max_tokens": 8, "verify_requ
 # from then on (the removal test serves it so, not restarting it).
 ROLLED_CHAT = ["--seed", "7"]
 BAD_EMBED = ["--tokenizer", "/nonexistent/tokenizer"]
+# ... and each model a new checkpoint revision (the copies the fixture fetched record none): the rollout
+# stages each beside its folder, switches tiny-chat's in and releases the old copy after its gate, and
+# switches tiny-embed's back when its start fails (the new copy kept staged).
+ROLLED_REVISION = "lab-r2"
+MODEL_DIR = "/srv/sparkops/models"      # spark_model_dir (roles/common)
 # The poller: one completion of the higher-priority model every 0.5 s, each answer's HTTP code on a line.
 POLLER = ("while :; do curl -s -o /dev/null -w '%%{http_code}\\n' --max-time 20 %s http://127.0.0.1:8000/v1/completions "
           "-H 'Content-Type: application/json' -d '{\"model\": \"tiny-chat\", \"prompt\": \"hello\", \"max_tokens\": 4}' "
@@ -208,7 +209,8 @@ def test_rollout_rolls_one_models_server_at_a_time_and_puts_a_failed_one_back(ho
     chat, embed = MODELS
     before = {m["name"]: container_id(host, m) for m in MODELS}
     embed_unit = host.file("/etc/systemd/system/%s.service" % unit(embed)).content_string
-    rolled = [dict(chat, extra_args=ROLLED_CHAT), dict(embed, extra_args=BAD_EMBED)]
+    rolled = [dict(chat, extra_args=ROLLED_CHAT, checkpoint_revision=ROLLED_REVISION),
+              dict(embed, extra_args=BAD_EMBED, checkpoint_revision=ROLLED_REVISION)]
     rc, out = playbook(tmp_path, "rollout.yml", rolled)
     flat = " ".join(out.split())
     assert rc != 0, out[-6000:]
@@ -238,6 +240,20 @@ def test_rollout_rolls_one_models_server_at_a_time_and_puts_a_failed_one_back(ho
     for model in MODELS:
         state = json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(model)).content_string)
         assert state["drained"] is False, (model, state)
+    # each model's own checkpoint: tiny-chat's new revision switched in and the old copy released after
+    # its gate; tiny-embed's switched back (its folder as served before, the new copy staged beside it)
+    assert "its checkpoint was switched" in flat, out[-6000:]
+    assert revision_of(host, chat["name"]) == ROLLED_REVISION
+    assert revision_of(host, embed["name"]) == ""
+    assert revision_of(host, embed["name"] + ".staged") == ROLLED_REVISION
+    for left in (chat["name"] + ".staged", chat["name"] + ".previous", embed["name"] + ".previous"):
+        assert not host.file("%s/%s" % (MODEL_DIR, left)).exists, left
+
+
+def revision_of(host, folder):
+    """The revision the checkpoint role's manifest records for spark_model_dir/<folder> ('' for none)."""
+    manifest = json.loads(host.file("%s/%s/.sparkops-manifest.json" % (MODEL_DIR, folder)).content_string)
+    return manifest.get("revision") or ""
 
 
 def drill_meminfo(host, avail_gib, free_gib, name="meminfo"):

@@ -80,14 +80,29 @@ def test_the_model_play_fetches_each_models_checkpoint_into_its_folder(tmp_path)
     assert ck.intact(str(tmp_path / "models" / "chat"), "r1") and ck.intact(str(tmp_path / "models" / "embed"))
 
 
-def test_the_first_plays_refuse_a_models_new_revision_before_any_change():
-    """site.yml's and rollout.yml's first play run the checkpoint role's models_served (reads only) on a host
-    with spark_models, before the checked roles are remembered (and so before any later play)."""
-    for playbook, first in (("site.yml", "Preflight - check each Spark"), ("rollout.yml", "Rollout - check every host")):
-        tasks = _play(first, playbook)["tasks"]
-        names = [t["name"] for t in tasks]
-        refuse = names.index("Refuse a new checkpoint revision of a model whose folder holds another (spark_models)")
-        assert refuse < names.index("Remember which roles' inputs are checked"), playbook
-        include = tasks[refuse]["ansible.builtin.include_role"]
-        assert include == {"name": "sparkops.appliance.checkpoint", "tasks_from": "models_served"}
-        assert tasks[refuse]["when"] == "spark_models | length > 0"
+def test_a_models_rollout_stages_switches_releases_and_switches_back_its_own_checkpoint_only():
+    """roles/rollout/tasks/model.yml (one model's server in rollout.yml's batch): the model's checkpoint is
+    staged before serve's prepare, switched in after the drain and before serve's apply (which restarts
+    onto it), released only after the gate, and switched back first in the rescue; each step the
+    checkpoint role's each_model for this model alone (serve's loop variable)."""
+    with open(os.path.join(harness.ROOT, "roles", "rollout", "tasks", "model.yml")) as handle:
+        block = yaml.safe_load(handle)[0]
+    names = [t["name"] for t in block["block"]]
+
+    def at(prefix):
+        return [i for i, name in enumerate(names) if name.startswith(prefix)][0]
+
+    def step(task):
+        include = task["ansible.builtin.include_role"]
+        assert include == {"name": "sparkops.appliance.checkpoint", "tasks_from": "each_model"}, task
+        assert task["vars"]["__checkpoint_only"] == "{{ serve_served_model_name }}", task
+        return task["vars"]["__checkpoint_each"]
+
+    stage, switch, release = (at("This model's checkpoint - stage"), at("This model's checkpoint - switch"),
+                              at("This model's checkpoint - release"))
+    assert stage < at("Check the new command line") < at("Drain this model's server") < switch
+    assert switch < at("Swap the unit and env") < at("Gate") < release < at("Note that this model's server passed")
+    assert [step(block["block"][i]) for i in (stage, switch, release)] == ["model.yml", "switch.yml", "release.yml"]
+    assert "__rollout_model_staged" in block["block"][at("Drain this model's server")]["when"]
+    assert "its checkpoint was switched" in block["block"][at("Swap the unit and env")]["vars"]["__serve_apply_restart"]
+    assert step(block["rescue"][0]) == "switch_back.yml"

@@ -8,8 +8,10 @@ role's per-model entry points, run by Ansible on the local host.
 - tasks_from models: each model's checkpoint fetched from a local path into spark_model_dir/<name>,
   in the list's order, a model without checkpoint_source left alone; the host's own spark_checkpoint_*
   facts as the host's run left them, each model's in spark_checkpoint_models;
-- a new revision of a model whose folder holds another: refused by tasks_from models_served (what
-  site.yml's first play runs) and by tasks_from models, nothing staged or changed."""
+- a new revision of a model whose folder holds another: staged beside it by tasks_from models (the
+  served copy unchanged, the model noted as staged); then that model alone (tasks_from each_model with
+  __checkpoint_only, as rollout.yml's per-model steps run it) switched in, switched back, switched in
+  again and released, the other models and the host's own facts untouched."""
 import os
 import sys
 
@@ -82,9 +84,11 @@ LEFT_BY_A_HUB_FETCH = {"__checkpoint_expected": [{"path": "model.safetensors", "
                        "__checkpoint_fetch_result": {"changed": True, "total_bytes": 1}}
 
 
-def role_play(name, tasks_from, models, rescue=False, before=None):
+def role_play(name, tasks_from, models, rescue=False, before=None, include_vars=None):
     include = {"ansible.builtin.include_role": {"name": "sparkops.appliance.checkpoint", "tasks_from": tasks_from}}
     task = dict(include, name="the role")
+    if include_vars:
+        task["vars"] = include_vars
     if rescue:  # the host goes on to the next play, what the role said kept
         task = {"name": "the role, its failure kept", "block": [task],
                 "rescue": [{"name": "what failed", "ansible.builtin.set_fact": {"role_failure": "{{ ansible_failed_result.msg }}"}}]}
@@ -129,11 +133,21 @@ def world(tmp_path_factory):
     w["after_fetch"] = dict((n, snapshot(str(models / n))) for n in ("chat", "embed", "host-model"))
     w["listing"] = sorted(os.listdir(str(models)))
     w["intact"] = ck.intact(str(models / "chat"), "r1") and ck.intact(str(models / "embed"))
-    w["refused"] = run(tmp, "refused", [role_play("first play", "models_served", models_at(src, "r2"), rescue=True),
-                                        role_play("model play", "models", models_at(src, "r2"), rescue=True)],
-                       inventory)
-    w["after_refused"] = dict((n, snapshot(str(models / n))) for n in ("chat", "embed", "host-model"))
-    w["listing_refused"] = sorted(os.listdir(str(models)))
+    w["staged"] = run(tmp, "staged", [role_play("model play", "models", models_at(src, "r2"))], inventory)
+    w["after_staged"] = dict((n, snapshot(str(models / n))) for n in ("chat", "embed", "host-model"))
+    w["listing_staged"] = sorted(os.listdir(str(models)))
+    w["staged_intact"] = ck.intact(str(models / "chat.staged"), "r2")
+
+    def one(step):  # the chat model's step alone, as roles/rollout/tasks/model.yml runs it
+        return {"__checkpoint_each": step + ".yml", "__checkpoint_only": "chat"}
+    w["roll"] = run(tmp, "roll", [role_play("switch", "each_model", models_at(src, "r2"), include_vars=one("switch")),
+                                  role_play("switch back", "each_model", models_at(src, "r2"), include_vars=one("switch_back")),
+                                  role_play("switch again", "each_model", models_at(src, "r2"), include_vars=one("switch")),
+                                  role_play("release", "each_model", models_at(src, "r2"), include_vars=one("release"))],
+                    inventory)
+    w["after_roll"] = dict((n, snapshot(str(models / n))) for n in ("chat", "embed", "host-model"))
+    w["listing_roll"] = sorted(os.listdir(str(models)))
+    w["rolled_intact"] = ck.intact(str(models / "chat"), "r2")
     return w
 
 
@@ -166,14 +180,36 @@ def test_a_models_run_leaves_the_hosts_own_facts(world):
             host["dir"], host["bytes"], host["fetched"], host["staged"]), play
 
 
-def test_a_new_revision_of_a_model_is_refused_before_anything_changes(world):
-    steps = world["refused"]
-    for play in ("first play", "model play"):
-        message = facts(steps[play])["failure"]
-        assert message.startswith('spark_models[0] (chat) checkpoint_revision is "r2", but %s/chat already holds a '
-                                  'verified copy of revision r1' % world["models"]), message
-        assert "not supported yet" in message and "Nothing was changed" in message and "Fix:" in message
-    # nothing fetched: the first play read the folder only, and the model play stopped before any fetch
-    assert world["after_refused"] == world["after_fetch"]
-    assert world["listing_refused"] == world["listing"]
-    assert [t for t, _r in steps["first play"] if t.startswith("Checkpoint | fetch")] == []
+def test_a_new_revision_of_a_model_is_staged_beside_its_folder(world):
+    steps = world["staged"]
+    assert failures(steps["model play"]) == []
+    # the served copies as they were; the new revision beside chat's, verified
+    assert world["after_staged"] == world["after_fetch"]
+    assert world["listing_staged"] == ["chat", "chat.staged", "embed", "host-model"]
+    assert world["staged_intact"]
+    noted = dict((m["name"], m) for m in facts(steps["model play"])["models"])
+    assert (noted["chat"]["staged"], noted["chat"]["staged_dir"]) == (True, world["models"] + "/chat.staged")
+    assert (noted["embed"]["staged"], noted["embed"]["staged_dir"]) == (False, "")
+    # the host's own checkpoint stays the host's: nothing of its staged
+    assert facts(steps["model play"])["staged"] in ("", False, "False")
+
+
+def test_one_models_staged_revision_is_switched_back_and_forth_and_released_alone(world):
+    steps = world["roll"]
+    for play in ("switch", "switch back", "switch again", "release"):
+        assert failures(steps[play]) == [], play
+        # the host's own facts: no switch of a model's copy is the host's (rollout.yml reads them for its one model)
+        assert facts(steps[play])["staged"] in ("", False, "False"), play
+    said = dict((play, " ".join(str(r.get("msg", "")) for t, r in steps[play] if t.startswith("Checkpoint | report")))
+                for play in steps)
+    assert said["switch"].startswith("spark_models[0] (chat) %s/chat: " % world["models"]), said["switch"]
+    # that model alone: no other model's copy is switched, switched back or released
+    assert all("(embed)" not in text and "(by-hand)" not in text for text in said.values()), said
+    assert "must restart to load it" in said["switch"] and "must restart" in said["switch again"]
+    assert "nothing to switch back" not in said["switch back"], said["switch back"]
+    assert "no previous copy to release" not in said["release"], said["release"]
+    # the end: chat serves r2 from its folder, nothing kept or staged beside it; embed and the host's untouched
+    assert world["listing_roll"] == ["chat", "embed", "host-model"]
+    assert world["rolled_intact"]
+    assert world["after_roll"]["embed"] == world["after_fetch"]["embed"]
+    assert world["after_roll"]["host-model"] == world["after_fetch"]["host-model"]
