@@ -45,8 +45,10 @@ options:
       - "An entry leaves out what it takes as the memory_plan role's defaults: C(ple_gib) 0,
         C(mtp_enabled) false, C(mtp_off_credit_gib) 0, C(overhead_gib) 5.60, C(mtp_gib) 1.49,
         C(kv_cache_dtype) auto, C(kv_target_gib) 20, C(max_num_seqs) 8."
-      - The model's C(extra_args) (the serve role's) is accepted and not read. A C(checkpoint_*) key is refused, as
-        a model's checkpoint is read from C(spark_model_dir/<name>) and the checkpoint role does not fetch it yet.
+      - The model's C(extra_args) (the serve role's) and its checkpoint settings C(checkpoint_source),
+        C(checkpoint_revision), C(checkpoint_url), C(checkpoint_manifest), C(checkpoint_hf_repo) and
+        C(checkpoint_src_path) (the checkpoint role's, which fetches the model into C(spark_model_dir/<name>) and
+        checks them) are accepted and not read. Any other C(checkpoint_*) key is refused as the host's setting.
     type: list
     elements: dict
     required: true

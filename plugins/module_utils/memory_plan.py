@@ -613,12 +613,12 @@ def _refuse_kv(inp, kv_exp, kv_need, kv_cost, squeezed, step_gib, fixed, cap):
 
 #: An entry of spark_models: these keys name and place the model (the plan checks them) ...
 MODEL_IDENTITY = ('name', 'priority', 'port')
-#: ... these are the model's own settings the plan does not read (the serve role does) ...
-MODEL_SETTINGS = ('extra_args',)
-#: ... and these a model's entry cannot take yet: the checkpoint role fetches the host's one model only,
-#: and a model's checkpoint is read from spark_model_dir/<name> (refused, not silently left unread).
-MODEL_CHECKPOINT_KEYS = ('checkpoint_source', 'checkpoint_revision', 'checkpoint_url', 'checkpoint_hf_repo',
-                         'checkpoint_src_path')
+#: ... these are the model's own settings the plan does not read (the serve role reads extra_args; the
+#: checkpoint role's tasks_from models fetches each model's checkpoint into spark_model_dir/<name> from its
+#: checkpoint_* keys, checked there) ...
+MODEL_CHECKPOINT_KEYS = ('checkpoint_source', 'checkpoint_revision', 'checkpoint_url', 'checkpoint_manifest',
+                         'checkpoint_hf_repo', 'checkpoint_src_path')
+MODEL_SETTINGS = ('extra_args',) + MODEL_CHECKPOINT_KEYS
 #: Plan inputs that belong to the host, not to a model (memory_plan_mem_total_gib, _host_reserve_gib).
 HOST_INPUTS = ('mem_total_gib', 'host_reserve_gib')
 #: What an entry leaves out: the memory_plan role's defaults of the same knobs (roles/memory_plan/
@@ -734,13 +734,14 @@ def _model_inputs(i, entry, mem_total, host_reserve, seen):
         raise MemoryPlanError('memory_plan: %s: %s belong(s) to the host, not to a model: set %s instead'
                               % (_model_where(i, name), ', '.join(host_level),
                                  ' and '.join(VAR_PREFIX + k for k in host_level)))
-    fetched = sorted(str(k) for k in entry if k in MODEL_CHECKPOINT_KEYS)
-    if fetched:
-        raise MemoryPlanError('memory_plan: %s: %s: a model of spark_models has no checkpoint settings of its own '
-                              'yet (the checkpoint role fetches the host\'s one model only). Fix: remove %s and '
-                              'put its checkpoint at spark_model_dir/%s, where its server reads it'
-                              % (_model_where(i, name), ', '.join(fetched), 'them' if len(fetched) > 1 else 'it',
-                                 name))
+    # the checkpoint role's other options (certificates, token, venv, retries, peer, ...) are the host's
+    host_checkpoint = sorted(str(k) for k in entry if str(k).startswith('checkpoint_') and k not in allowed)
+    if host_checkpoint:
+        raise MemoryPlanError('memory_plan: %s: %s belong(s) to the host, not to a model: a model takes only %s '
+                              '(its checkpoint goes to spark_model_dir/%s); every other checkpoint_* setting is '
+                              'shared by the host\'s models. Fix: set %s for the host instead'
+                              % (_model_where(i, name), ', '.join(host_checkpoint), ', '.join(MODEL_CHECKPOINT_KEYS),
+                                 name, ' and '.join(host_checkpoint)))
     unknown = sorted(str(k) for k in entry if k not in allowed)
     if unknown:
         raise MemoryPlanError('memory_plan: %s: unknown key(s) %s; a model takes %s'

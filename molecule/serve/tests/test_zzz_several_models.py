@@ -1,9 +1,11 @@
 """Several models on one lab Spark under one host plan (SPEC §13, docs/runtime.md "Several models on
-one Spark"): two tiny models served at once, each by its own unit, container and port with its share
+one Spark"): two tiny models, each fetched into its own folder by the checkpoint role (as site.yml's
+model play does, from the lab's share), served at once, each by its own unit, container and port with its share
 of the plan, each answering and each KV pool within 10 % of its plan; the one server the Spark had
 before is removed first; verify.yml reports on each model's server; rollout.yml rolls the models'
-servers one after the other, and a model whose new start fails is put back while the one rolled
-before it keeps its new configuration and no later model is touched; a memwatch drill stops only
+servers one after the other, each with a new checkpoint revision, and a model whose new start fails
+is put back (its checkpoint switched back) while the one rolled before it keeps its new configuration
+and revision and no later model is touched; a memwatch drill stops only
 the lower-priority model while the other answers throughout; then a model taken out of spark_models leaves no unit, container, env or file of
 its own behind, and the other keeps serving, not restarted.
 
@@ -26,7 +28,10 @@ MODELS = [{"name": "tiny-chat", "priority": 10, "port": 8000},
 # the tiny model's plan inputs, as the lab gives the one model (inventories/lab lab_overrides.yml)
 TINY = {"weight_bytes": 16777216, "overhead_gib": 1.0, "mtp_gib": 0, "max_model_len": 1024,
         "kv_bytes_per_token": 512, "kv_cache_dtype": "auto", "kv_target_gib": 0.0625,
-        "max_num_seqs": 4, "max_num_batched_tokens": 1024}
+        "max_num_seqs": 4, "max_num_batched_tokens": 1024,
+        # each model's own checkpoint, fetched by the collection into spark_model_dir/<name> (the lab's
+        # read-only share of the tiny model, as the lab gives the one model: lab_overrides.yml)
+        "checkpoint_source": "path", "checkpoint_src_path": "/srv/lab-source/tiny-llama"}
 PLAY = """\
 - name: Several models on the lab Spark, under one host plan
   hosts: sparks
@@ -34,15 +39,13 @@ PLAY = """\
   vars:
     spark_models: %s
   roles:
-    - role: sparkops.appliance.common   # spark_model_dir, before the copy
+    - role: sparkops.appliance.common   # spark_models and spark_model_dir, as site.yml's plays have them
   tasks:
-    - name: Put each model's checkpoint where the checkpoint role would (the tiny model, copied)
-      ansible.builtin.copy:
-        src: "{{ serve_model_path }}/"
-        dest: "{{ spark_model_dir }}/{{ item.name }}/"
-        remote_src: true
-        mode: preserve
-      loop: "{{ spark_models }}"
+    # as site.yml's model play: each model's checkpoint into spark_model_dir/<name>, checked and verified
+    - name: Fetch and verify each model's checkpoint (spark_models)
+      ansible.builtin.include_role:
+        name: sparkops.appliance.checkpoint
+        tasks_from: models
     - name: Plan the host
       ansible.builtin.include_role:
         name: sparkops.appliance.memory_plan
@@ -76,6 +79,11 @@ VERIFY_SMALL = {"verify_prompt_tokens": 32, "verify_max_tokens": 8, "verify_requ
 # from then on (the removal test serves it so, not restarting it).
 ROLLED_CHAT = ["--seed", "7"]
 BAD_EMBED = ["--tokenizer", "/nonexistent/tokenizer"]
+# ... and each model a new checkpoint revision (the copies the fixture fetched record none): the rollout
+# stages each beside its folder, switches tiny-chat's in and releases the old copy after its gate, and
+# switches tiny-embed's back when its start fails (the new copy kept staged).
+ROLLED_REVISION = "lab-r2"
+MODEL_DIR = "/srv/sparkops/models"      # spark_model_dir (roles/common)
 # The poller: one completion of the higher-priority model every 0.5 s, each answer's HTTP code on a line.
 POLLER = ("while :; do curl -s -o /dev/null -w '%%{http_code}\\n' --max-time 20 %s http://127.0.0.1:8000/v1/completions "
           "-H 'Content-Type: application/json' -d '{\"model\": \"tiny-chat\", \"prompt\": \"hello\", \"max_tokens\": 4}' "
@@ -146,6 +154,14 @@ def test_two_models_serve_at_once_each_within_its_kv_plan(host, served):
     assert not host.file("/etc/sparkops/sparkops-serve.env").exists
     assert not running(host, CONTAINER)
     assert "no longer serves (the one model)" in " ".join(out.split()), out[-3000:]
+    # each model's checkpoint fetched and verified by the checkpoint role into its own folder, in order
+    said = " ".join(out.split())
+    reports = [said.find("spark_models[%d] (%s) /srv/sparkops/models/%s:" % (i, m["name"], m["name"]))
+               for i, m in enumerate(MODELS)]
+    assert -1 not in reports and reports == sorted(reports), said[-3000:]
+    for model in MODELS:
+        assert host.file("/srv/sparkops/models/%s/.sparkops-manifest.json" % model["name"]).is_file
+        assert not host.file("/srv/sparkops/models/%s.staged" % model["name"]).exists
     for model in MODELS:
         assert prop(host, unit(model) + ".service", "ActiveState") == "active"
         assert running(host, container(model))
@@ -193,7 +209,8 @@ def test_rollout_rolls_one_models_server_at_a_time_and_puts_a_failed_one_back(ho
     chat, embed = MODELS
     before = {m["name"]: container_id(host, m) for m in MODELS}
     embed_unit = host.file("/etc/systemd/system/%s.service" % unit(embed)).content_string
-    rolled = [dict(chat, extra_args=ROLLED_CHAT), dict(embed, extra_args=BAD_EMBED)]
+    rolled = [dict(chat, extra_args=ROLLED_CHAT, checkpoint_revision=ROLLED_REVISION),
+              dict(embed, extra_args=BAD_EMBED, checkpoint_revision=ROLLED_REVISION)]
     rc, out = playbook(tmp_path, "rollout.yml", rolled)
     flat = " ".join(out.split())
     assert rc != 0, out[-6000:]
@@ -223,6 +240,20 @@ def test_rollout_rolls_one_models_server_at_a_time_and_puts_a_failed_one_back(ho
     for model in MODELS:
         state = json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(model)).content_string)
         assert state["drained"] is False, (model, state)
+    # each model's own checkpoint: tiny-chat's new revision switched in and the old copy released after
+    # its gate; tiny-embed's switched back (its folder as served before, the new copy staged beside it)
+    assert "its checkpoint was switched" in flat, out[-6000:]
+    assert revision_of(host, chat["name"]) == ROLLED_REVISION
+    assert revision_of(host, embed["name"]) == ""
+    assert revision_of(host, embed["name"] + ".staged") == ROLLED_REVISION
+    for left in (chat["name"] + ".staged", chat["name"] + ".previous", embed["name"] + ".previous"):
+        assert not host.file("%s/%s" % (MODEL_DIR, left)).exists, left
+
+
+def revision_of(host, folder):
+    """The revision the checkpoint role's manifest records for spark_model_dir/<folder> ('' for none)."""
+    manifest = json.loads(host.file("%s/%s/.sparkops-manifest.json" % (MODEL_DIR, folder)).content_string)
+    return manifest.get("revision") or ""
 
 
 def drill_meminfo(host, avail_gib, free_gib, name="meminfo"):

@@ -244,11 +244,13 @@ def test_model_defaults_are_the_roles():
      'spark_models[0] (chat): host_reserve_gib belong(s) to the host, not to a model: set '
      'memory_plan_host_reserve_gib instead'),
     (models((0, {'max_model_length': 4096})), None, 'spark_models[0] (chat): unknown key(s) max_model_length'),
-    # a model's checkpoint settings would be left unread: refused, naming where its checkpoint goes
-    (models((0, {'checkpoint_source': 'huggingface', 'checkpoint_revision': '0' * 40})), None,
-     'spark_models[0] (chat): checkpoint_revision, checkpoint_source: a model of spark_models has no checkpoint '
-     "settings of its own yet (the checkpoint role fetches the host's one model only). Fix: remove them and put its "
-     'checkpoint at spark_model_dir/chat'),
+    # the checkpoint role's host-wide settings (token, certificates, peer, ...) are not a model's
+    (models((0, {'checkpoint_hf_token': 'x', 'checkpoint_source': 'huggingface'})), None,
+     'spark_models[0] (chat): checkpoint_hf_token belong(s) to the host, not to a model: a model takes only '
+     'checkpoint_source, checkpoint_revision, checkpoint_url, checkpoint_manifest, checkpoint_hf_repo, '
+     'checkpoint_src_path (its checkpoint goes to spark_model_dir/chat)'),
+    (models((1, {'checkpoint_dir': '/elsewhere'})), None,
+     'spark_models[1] (embed): checkpoint_dir belong(s) to the host, not to a model'),
     (None, 'image-gen', 'spark_colocated_services is str, not a list'),
     (None, [{'name': 'image-gen', 'gib': -1}], 'spark_colocated_services[0].gib is -1: give the GiB'),
     (None, [{'name': 'image-gen', 'gib': 'lots'}], "spark_colocated_services[0].gib is 'lots'"),
@@ -264,6 +266,14 @@ def test_refusals_name_the_variable(entries, services, needle):
     kwargs = {} if services is None else {'services': services}
     message = refused(entries, **kwargs)
     assert needle in message, message
+
+
+def test_a_models_checkpoint_settings_are_accepted_and_not_read():
+    """The checkpoint role's tasks_from models reads (and checks) them: the plan takes them as they are."""
+    settings = {'checkpoint_source': 'huggingface', 'checkpoint_revision': '0' * 40, 'checkpoint_hf_repo': 'org/chat',
+                'checkpoint_url': '', 'checkpoint_manifest': '', 'checkpoint_src_path': ''}
+    path = {'checkpoint_source': 'path', 'checkpoint_src_path': '/srv/share/embed'}
+    assert plan(models((0, settings), (1, path))) == plan()
 
 
 def test_host_figures_are_checked_as_the_single_plans():
