@@ -242,7 +242,14 @@ def test_rollout_rolls_one_models_server_at_a_time_and_puts_a_failed_one_back(ho
         assert state["drained"] is False, (model, state)
     # each model's own checkpoint: tiny-chat's new revision switched in and the old copy released after
     # its gate; tiny-embed's switched back (its folder as served before, the new copy staged beside it)
-    assert "its checkpoint was switched" in flat, out[-6000:]
+    # (the checkpoint role's reports: tiny-chat's switch; tiny-embed's switch, then its switch back)
+    switch = ("(%(m)s) %(d)s/%(m)s: rename %(d)s/%(m)s -> %(d)s/%(m)s.previous; rename %(d)s/%(m)s.staged -> %(d)s/%(m)s. "
+              "The server must restart to load it")
+    back = "(%(m)s) %(d)s/%(m)s: rename %(d)s/%(m)s -> %(d)s/%(m)s.staged; rename %(d)s/%(m)s.previous -> %(d)s/%(m)s"
+    for model in MODELS:
+        assert switch % {"m": model["name"], "d": MODEL_DIR} in flat, (model, out[-6000:])
+    assert back % {"m": embed["name"], "d": MODEL_DIR} in flat, out[-6000:]
+    assert back % {"m": chat["name"], "d": MODEL_DIR} not in flat
     assert revision_of(host, chat["name"]) == ROLLED_REVISION
     assert revision_of(host, embed["name"]) == ""
     assert revision_of(host, embed["name"] + ".staged") == ROLLED_REVISION
