@@ -5,7 +5,9 @@ of the plan, each answering and each KV pool within 10 % of its plan; the one se
 before is removed first; verify.yml reports on each model's server; rollout.yml rolls the models'
 servers one after the other, each with a new checkpoint revision, and a model whose new start fails
 is put back (its checkpoint switched back) while the one rolled before it keeps its new configuration
-and revision and no later model is touched; a memwatch drill stops only
+and revision and no later model is touched; the next rollout switches the failed model's staged revision in
+and leaves the other alone; a model's rollout killed after its switch leaves its server
+answering, drained, and the run after it restarts, gates and releases; a memwatch drill stops only
 the lower-priority model while the other answers throughout; then a model taken out of spark_models leaves no unit, container, env or file of
 its own behind, and the other keeps serving, not restarted.
 
@@ -14,6 +16,7 @@ the lab Spark only, so the module's last step stops both models' containers on t
 import json
 import os
 import shlex
+import subprocess
 import time
 
 import pytest
@@ -83,6 +86,7 @@ BAD_EMBED = ["--tokenizer", "/nonexistent/tokenizer"]
 # stages each beside its folder, switches tiny-chat's in and releases the old copy after its gate, and
 # switches tiny-embed's back when its start fails (the new copy kept staged).
 ROLLED_REVISION = "lab-r2"
+NEXT_REVISION = "lab-r3"      # tiny-embed's next, in the interrupted rollout
 MODEL_DIR = "/srv/sparkops/models"      # spark_model_dir (roles/common)
 # The poller: one completion of the higher-priority model every 0.5 s, each answer's HTTP code on a line.
 POLLER = ("while :; do curl -s -o /dev/null -w '%%{http_code}\\n' --max-time 20 %s http://127.0.0.1:8000/v1/completions "
@@ -111,15 +115,24 @@ def run(tmp_path, models):
 def playbook(tmp_path, name, models, extra=None):
     """playbooks/<name> as a user runs it, with spark_models for the lab Spark (an extra var) and the
     scenario's group_vars beside it (as "playbook group_vars", the way the scenario's converge gets them)."""
+    r = _converge(*playbook_args(models, extra), playbook=playbooks(tmp_path) / name)
+    return r.returncode, r.stdout + r.stderr
+
+
+def playbooks(tmp_path):
+    """playbooks/ for the tests: the project's playbooks with the scenario's group_vars beside them."""
     here = tmp_path / "playbooks"
     if not here.exists():
         here.mkdir()
         for entry in ("rollout.yml", "verify.yml", "tasks", "files"):
             (here / entry).symlink_to(os.path.join(PROJECT, "playbooks", entry))
         (here / "group_vars").symlink_to(os.path.join(PROJECT, "molecule", SCENARIO, "group_vars"))
-    spec = dict(extra or {}, spark_models=[dict(TINY, **m) for m in models])
-    r = _converge("-e", json.dumps(spec), playbook=here / name)
-    return r.returncode, r.stdout + r.stderr
+    return here
+
+
+def playbook_args(models, extra=None):
+    """spark_models (and any other extra vars) for the lab Spark, as one -e."""
+    return ["-e", json.dumps(dict(extra or {}, spark_models=[dict(TINY, **m) for m in models]))]
 
 
 def container_id(host, model):
@@ -256,6 +269,92 @@ def test_rollout_rolls_one_models_server_at_a_time_and_puts_a_failed_one_back(ho
     for left in (chat["name"] + ".staged", chat["name"] + ".previous", embed["name"] + ".previous"):
         assert not host.file("%s/%s" % (MODEL_DIR, left)).exists, left
 
+
+
+def test_a_second_rollout_after_the_failed_one_switches_the_staged_revision_in(host, served):
+    """The run after the failed rollout above, tiny-embed's bad tokenizer taken out: tiny-embed's new
+    revision, left staged by that run's switch back, is switched in, its server
+    restarts onto it, passes its gate, and the copy served before is released; tiny-chat, rolled
+    already, is not restarted."""
+    tmp_path, _out = served
+    chat, embed = MODELS
+    before = {m["name"]: container_id(host, m) for m in MODELS}
+    assert revision_of(host, embed["name"] + ".staged") == ROLLED_REVISION     # as the failed run left it
+    rolled = [dict(chat, extra_args=ROLLED_CHAT, checkpoint_revision=ROLLED_REVISION),
+              dict(embed, checkpoint_revision=ROLLED_REVISION)]
+    rc, out = playbook(tmp_path, "rollout.yml", rolled)
+    flat = " ".join(out.split())
+    assert rc == 0, out[-6000:]
+    switch = ("(%(m)s) %(d)s/%(m)s: rename %(d)s/%(m)s -> %(d)s/%(m)s.previous; rename %(d)s/%(m)s.staged -> %(d)s/%(m)s. "
+              "The server must restart to load it" % {"m": embed["name"], "d": MODEL_DIR})
+    assert switch in flat, out[-6000:]
+    assert "serve: %s.service restarts: its checkpoint was switched." % unit(embed) in flat, out[-6000:]
+    assert revision_of(host, embed["name"]) == ROLLED_REVISION
+    for left in (embed["name"] + ".staged", embed["name"] + ".previous"):
+        assert not host.file("%s/%s" % (MODEL_DIR, left)).exists, left
+    assert container_id(host, embed) != before[embed["name"]]
+    assert complete(host, embed)["usage"]["completion_tokens"] > 0
+    assert container_id(host, chat) == before[chat["name"]]
+    assert complete(host, chat)["usage"]["completion_tokens"] > 0
+    for model in MODELS:
+        state = json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(model)).content_string)
+        assert state["drained"] is False, (model, state)
+
+
+def test_a_model_rollout_killed_after_its_switch_ends_served_and_the_next_run_finishes_it(host, served):
+    """A rollout of tiny-embed's next revision killed (its whole process group, as a lost controller
+    or a Ctrl-C would leave it) the moment the new copy is switched in, before its server restarts:
+    the server still answers from the copy it bound at its start, marked drained, the new copy in the
+    model's folder and the old one kept as <folder>.previous. The next run, with the same change
+    (nothing left to stage), finds the drain, restarts the server onto the new copy, gates it and
+    releases the old one; tiny-chat is restarted by neither run."""
+    tmp_path, _out = served
+    chat, embed = MODELS
+    before = {m["name"]: container_id(host, m) for m in MODELS}
+    folder = "%s/%s" % (MODEL_DIR, embed["name"])
+    switched = "test -d %s.previous && test ! -e %s.staged" % (folder, folder)
+    assert host.run(switched).rc != 0
+    rolled = [dict(chat, extra_args=ROLLED_CHAT, checkpoint_revision=ROLLED_REVISION),
+              dict(embed, checkpoint_revision=NEXT_REVISION)]
+    log_path = tmp_path / "killed-rollout.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(playbooks(tmp_path) / "rollout.yml")]
+            + playbook_args(rolled),
+            stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT, start_new_session=True,
+            env=dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT))
+        deadline = time.monotonic() + 1200
+        killed = False
+        while proc.poll() is None and time.monotonic() < deadline:
+            if host.run(switched).rc == 0:
+                os.killpg(proc.pid, 9)
+                killed = True
+                break
+            time.sleep(0.2)
+        proc.wait(timeout=60)
+    first = log_path.read_text()
+    assert killed, "the run ended (rc %s) before its switch: %s" % (proc.returncode, first[-4000:])
+    # switched, not restarted: the server still answers, from the copy it bound at its start
+    assert revision_of(host, embed["name"]) == NEXT_REVISION
+    assert revision_of(host, embed["name"] + ".previous") == ROLLED_REVISION
+    assert container_id(host, embed) == before[embed["name"]], "the server restarted before the kill"
+    assert complete(host, embed)["usage"]["completion_tokens"] > 0
+    state = json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(embed)).content_string)
+    assert state["drained"] is True, state
+
+    rc, out = playbook(tmp_path, "rollout.yml", rolled)
+    flat = " ".join(out.split())
+    assert rc == 0, out[-6000:]
+    assert "serve: %s.service restarts: an earlier rollout left this server drained." % unit(embed) in flat, out[-6000:]
+    assert revision_of(host, embed["name"]) == NEXT_REVISION
+    for left in (embed["name"] + ".staged", embed["name"] + ".previous"):
+        assert not host.file("%s/%s" % (MODEL_DIR, left)).exists, left
+    assert container_id(host, embed) != before[embed["name"]]
+    assert complete(host, embed)["usage"]["completion_tokens"] > 0
+    state = json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(embed)).content_string)
+    assert state["drained"] is False, state
+    assert container_id(host, chat) == before[chat["name"]]
+    assert complete(host, chat)["usage"]["completion_tokens"] > 0
 
 def revision_of(host, folder):
     """The revision the checkpoint role's manifest records for spark_model_dir/<folder> ('' for none)."""
