@@ -251,7 +251,7 @@ def test_rollout_rolls_one_models_server_at_a_time_and_puts_a_failed_one_back(ho
     assert complete(host, embed)["usage"]["completion_tokens"] > 0
     # neither is left marked drained
     for model in MODELS:
-        state = json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(model)).content_string)
+        state = rollout_state(host, model)
         assert state["drained"] is False, (model, state)
     # each model's own checkpoint: tiny-chat's new revision switched in and the old copy released after
     # its gate; tiny-embed's switched back (its folder as served before, the new copy staged beside it)
@@ -268,7 +268,6 @@ def test_rollout_rolls_one_models_server_at_a_time_and_puts_a_failed_one_back(ho
     assert revision_of(host, embed["name"] + ".staged") == ROLLED_REVISION
     for left in (chat["name"] + ".staged", chat["name"] + ".previous", embed["name"] + ".previous"):
         assert not host.file("%s/%s" % (MODEL_DIR, left)).exists, left
-
 
 
 def test_a_second_rollout_after_the_failed_one_switches_the_staged_revision_in(host, served):
@@ -289,16 +288,8 @@ def test_a_second_rollout_after_the_failed_one_switches_the_staged_revision_in(h
               "The server must restart to load it" % {"m": embed["name"], "d": MODEL_DIR})
     assert switch in flat, out[-6000:]
     assert "serve: %s.service restarts: its checkpoint was switched." % unit(embed) in flat, out[-6000:]
-    assert revision_of(host, embed["name"]) == ROLLED_REVISION
-    for left in (embed["name"] + ".staged", embed["name"] + ".previous"):
-        assert not host.file("%s/%s" % (MODEL_DIR, left)).exists, left
-    assert container_id(host, embed) != before[embed["name"]]
-    assert complete(host, embed)["usage"]["completion_tokens"] > 0
-    assert container_id(host, chat) == before[chat["name"]]
-    assert complete(host, chat)["usage"]["completion_tokens"] > 0
-    for model in MODELS:
-        state = json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(model)).content_string)
-        assert state["drained"] is False, (model, state)
+    assert_rolled_in_and_released(host, embed, ROLLED_REVISION, before)
+    assert rollout_state(host, chat)["drained"] is False, rollout_state(host, chat)
 
 
 def test_a_model_rollout_killed_after_its_switch_ends_served_and_the_next_run_finishes_it(host, served):
@@ -339,27 +330,40 @@ def test_a_model_rollout_killed_after_its_switch_ends_served_and_the_next_run_fi
     assert revision_of(host, embed["name"] + ".previous") == ROLLED_REVISION
     assert container_id(host, embed) == before[embed["name"]], "the server restarted before the kill"
     assert complete(host, embed)["usage"]["completion_tokens"] > 0
-    state = json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(embed)).content_string)
-    assert state["drained"] is True, state
+    assert rollout_state(host, embed)["drained"] is True, rollout_state(host, embed)
 
     rc, out = playbook(tmp_path, "rollout.yml", rolled)
     flat = " ".join(out.split())
     assert rc == 0, out[-6000:]
     assert "serve: %s.service restarts: an earlier rollout left this server drained." % unit(embed) in flat, out[-6000:]
-    assert revision_of(host, embed["name"]) == NEXT_REVISION
-    for left in (embed["name"] + ".staged", embed["name"] + ".previous"):
-        assert not host.file("%s/%s" % (MODEL_DIR, left)).exists, left
-    assert container_id(host, embed) != before[embed["name"]]
-    assert complete(host, embed)["usage"]["completion_tokens"] > 0
-    state = json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(embed)).content_string)
-    assert state["drained"] is False, state
-    assert container_id(host, chat) == before[chat["name"]]
-    assert complete(host, chat)["usage"]["completion_tokens"] > 0
+    assert_rolled_in_and_released(host, embed, NEXT_REVISION, before)
+
 
 def revision_of(host, folder):
     """The revision the checkpoint role's manifest records for spark_model_dir/<folder> ('' for none)."""
     manifest = json.loads(host.file("%s/%s/.sparkops-manifest.json" % (MODEL_DIR, folder)).content_string)
     return manifest.get("revision") or ""
+
+
+def rollout_state(host, model):
+    """What the rollout notes of this model's server (/etc/sparkops/<unit>.rollout.json)."""
+    return json.loads(host.file("/etc/sparkops/%s.rollout.json" % unit(model)).content_string)
+
+
+def assert_rolled_in_and_released(host, model, revision, before):
+    """`model`'s server restarted onto `revision`, answering and not drained, nothing left beside its
+    folder; every other model's server not restarted (the same container as in `before`) and answering."""
+    assert revision_of(host, model["name"]) == revision
+    for left in (model["name"] + ".staged", model["name"] + ".previous"):
+        assert not host.file("%s/%s" % (MODEL_DIR, left)).exists, left
+    assert container_id(host, model) != before[model["name"]]
+    assert complete(host, model)["usage"]["completion_tokens"] > 0
+    state = rollout_state(host, model)
+    assert state["drained"] is False, state
+    for other in MODELS:
+        if other["name"] != model["name"]:
+            assert container_id(host, other) == before[other["name"]], other["name"]
+            assert complete(host, other)["usage"]["completion_tokens"] > 0
 
 
 def drill_meminfo(host, avail_gib, free_gib, name="meminfo"):
