@@ -31,7 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIO = os.path.dirname(HERE)
 PROJECT = os.path.dirname(os.path.dirname(SCENARIO))
 sys.path.insert(0, os.path.join(PROJECT, "tests", "support"))
-from lab_key import auth_header, gateway_key  # noqa: E402 (tests/support is put on the path just above)
+from interrupt import run_and_kill_when  # noqa: E402 (tests/support is put on the path just above)
+from lab_key import auth_header, gateway_key  # noqa: E402
 ROLLOUT = os.path.join(PROJECT, "playbooks", "rollout.yml")
 HOSTS = ["sparkops-molecule-rollout-%d" % n for n in (1, 2, 3)]
 GATEWAY = "sparkops-molecule-rollout-gw"
@@ -451,21 +452,11 @@ def test_a_rollout_interrupted_after_the_unit_write_ends_served_and_back_in_rota
     env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
     unit_before = sh(host, "sha256sum %s" % UNIT_FILE).stdout
     image_before = unit_image(host)
-    with open(evidence("interrupted-first-ansible.log"), "w") as log:
-        proc = subprocess.Popen(["ansible-playbook", "-i", inventory(), ROLLOUT, "--limit", host, "-e", json.dumps(extra)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=PROJECT, start_new_session=True)
-        deadline = time.monotonic() + 1200
-        killed = False
-        while proc.poll() is None and time.monotonic() < deadline:
-            if sh(host, "sha256sum %s" % UNIT_FILE).stdout != unit_before:
-                os.killpg(proc.pid, 9)
-                killed = True
-                break
-            time.sleep(0.2)
-        proc.wait(timeout=60)
-    with open(evidence("interrupted-first-ansible.log")) as handle:
-        first_out = handle.read()
-    assert killed, "the first run ended (rc %s) before its unit write: %s" % (proc.returncode, first_out[-3000:])
+    killed, returncode, first_out = run_and_kill_when(
+        ["ansible-playbook", "-i", inventory(), ROLLOUT, "--limit", host, "-e", json.dumps(extra)],
+        evidence("interrupted-first-ansible.log"),
+        lambda: sh(host, "sha256sum %s" % UNIT_FILE).stdout != unit_before, env=env, cwd=PROJECT)
+    assert killed, "the first run ended (rc %s) before its unit write: %s" % (returncode, first_out[-3000:])
     new_image = unit_image(host)
     assert new_image != image_before
     state = json.loads(sh(host, "cat %s" % ROLLOUT_STATE).stdout)

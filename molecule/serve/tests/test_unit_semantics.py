@@ -125,12 +125,15 @@ def stop_server(host):
     host.run("systemctl reset-failed %s" % SVC)
 
 
+def _playbook_command(*extra, playbook=CONVERGE):
+    """ansible-playbook on the scenario's inventory, and its environment, as Molecule's converge runs it."""
+    argv = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(playbook)] + list(extra)
+    return argv, dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
+
+
 def _converge(*extra, playbook=CONVERGE):
-    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
-    env = dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT)
-    return subprocess.run(
-        ["ansible-playbook", "-i", inventory, str(playbook)] + list(extra),
-        capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
+    argv, env = _playbook_command(*extra, playbook=playbook)
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=PROJECT, timeout=1200, check=False)
 
 
 RECYCLE_TASKS = """\

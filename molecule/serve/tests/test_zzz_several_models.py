@@ -16,12 +16,12 @@ the lab Spark only, so the module's last step stops both models' containers on t
 import json
 import os
 import shlex
-import subprocess
 import time
 
 import pytest
 
-from test_unit_semantics import PROJECT, _converge, prop, wait_for
+from test_unit_semantics import PROJECT, _converge, _playbook_command, prop, wait_for
+from interrupt import run_and_kill_when   # noqa: E402 tests/support, put on the path by test_unit_semantics
 from lab_key import curl_auth   # noqa: E402 tests/support, put on the path by test_unit_semantics
 
 SCENARIO = os.environ.get("MOLECULE_SCENARIO_NAME", "serve")
@@ -307,24 +307,10 @@ def test_a_model_rollout_killed_after_its_switch_ends_served_and_the_next_run_fi
     assert host.run(switched).rc != 0
     rolled = [dict(chat, extra_args=ROLLED_CHAT, checkpoint_revision=ROLLED_REVISION),
               dict(embed, checkpoint_revision=NEXT_REVISION)]
-    log_path = tmp_path / "killed-rollout.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(playbooks(tmp_path) / "rollout.yml")]
-            + playbook_args(rolled),
-            stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT, start_new_session=True,
-            env=dict(os.environ, MOLECULE_PROJECT_DIRECTORY=PROJECT))
-        deadline = time.monotonic() + 1200
-        killed = False
-        while proc.poll() is None and time.monotonic() < deadline:
-            if host.run(switched).rc == 0:
-                os.killpg(proc.pid, 9)
-                killed = True
-                break
-            time.sleep(0.2)
-        proc.wait(timeout=60)
-    first = log_path.read_text()
-    assert killed, "the run ended (rc %s) before its switch: %s" % (proc.returncode, first[-4000:])
+    argv, env = _playbook_command(*playbook_args(rolled), playbook=playbooks(tmp_path) / "rollout.yml")
+    killed, returncode, first = run_and_kill_when(argv, tmp_path / "killed-rollout.log",
+                                                  lambda: host.run(switched).rc == 0, env=env, cwd=PROJECT)
+    assert killed, "the run ended (rc %s) before its switch: %s" % (returncode, first[-4000:])
     # switched, not restarted: the server still answers, from the copy it bound at its start
     assert revision_of(host, embed["name"]) == NEXT_REVISION
     assert revision_of(host, embed["name"] + ".previous") == ROLLED_REVISION
